@@ -1,0 +1,25 @@
+"""Suite registry: a third suite is one new module listed in `_MODULES`, nothing else."""
+
+from __future__ import annotations
+
+import importlib
+
+from evals.suites.base import SuiteDefinition
+
+_MODULES = ("evals.suites.gsm8k", "evals.suites.wer")
+
+
+def registry() -> dict[str, SuiteDefinition]:
+    """Every suite by name; each module exposes `DEFINITION` and imports heavy code lazily."""
+    found: dict[str, SuiteDefinition] = {}
+    for module_name in _MODULES:
+        definition: SuiteDefinition = importlib.import_module(module_name).DEFINITION
+        found[definition.name] = definition
+    return found
+
+
+def get(name: str) -> SuiteDefinition:
+    suites = registry()
+    if name not in suites:
+        raise KeyError(f"unknown suite {name!r}; known suites: {', '.join(sorted(suites))}")
+    return suites[name]

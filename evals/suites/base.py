@@ -1,0 +1,106 @@
+"""The contract between the run machinery and an evaluation suite.
+
+A suite gets a live OpenAI-compatible server URL and a `SuiteContext`, and returns a
+`SuiteOutcome`. It knows no HTTP layer of ours and no database: samples leave through
+`context.emit_samples` as they are finished, so a run that dies mid-suite keeps them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+
+class SuiteAborted(RuntimeError):
+    """Raised by a suite when the run was cancelled or the engine died under it."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One evaluated item. `correct` is set for accuracy suites, word counts for WER."""
+
+    key: str
+    prompt_hash: str
+    target: str
+    response: str
+    extracted: Mapping[str, str] = field(default_factory=dict)
+    correct: Mapping[str, bool] = field(default_factory=dict)
+    prompt: str = ""
+    substitutions: int | None = None
+    deletions: int | None = None
+    insertions: int | None = None
+    ref_words: int | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class MetricValue:
+    """One score a suite reports; `direction` says which way is better."""
+
+    name: str
+    value: float
+    n: int
+    stderr: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    direction: str = "higher"
+
+
+@dataclass(frozen=True)
+class SuiteOutcome:
+    metrics: Sequence[MetricValue]
+    samples: Sequence[Sample]
+    empty_response_rate: float
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SuiteContext:
+    """What a suite may use besides the server: its config, a folder, and callbacks.
+
+    `progress(done, total)` reports progress; `emit_samples` hands finished samples to the
+    run store at once; `done_samples` holds samples stored by an earlier, interrupted
+    attempt of the same run, keyed by `Sample.key`, which a suite may reuse instead of
+    asking the server again; `should_stop()` is true once the run was cancelled or the
+    engine died, and a suite checks it between requests.
+    """
+
+    server_url: str
+    served_model_name: str
+    model_path: str
+    config: Any
+    work_dir: Path
+    progress: Callable[[int, int], None] = lambda done, total: None
+    emit_samples: Callable[[Sequence[Sample]], None] = lambda samples: None
+    done_samples: Mapping[str, Sample] = field(default_factory=dict)
+    stop_event: threading.Event = field(default_factory=threading.Event)
+
+    def should_stop(self) -> bool:
+        return self.stop_event.is_set()
+
+
+class SuiteConfig(BaseModel):
+    """Base of every suite's profile block; `limit` caps the items (None = all)."""
+
+    model_config = {"extra": "forbid"}
+
+    limit: int | None = None
+    concurrency: int = 64
+    max_retries: int = 3
+    request_timeout_s: float = 600.0
+    max_empty_response_rate: float = 0.2
+
+
+@dataclass(frozen=True)
+class SuiteDefinition:
+    """A registered evaluation: profiles name it; `metrics` are the names it reports."""
+
+    name: str
+    config_model: type[SuiteConfig]
+    metrics: tuple[str, ...]
+    run: Callable[[SuiteContext], SuiteOutcome]

@@ -1,0 +1,162 @@
+"""Profiles: one YAML file per model, validated by one schema.
+
+A profile reads like one of vLLM's CI accuracy configs (model, engine args, expected values
+beside their tolerance) plus the source of each baseline and the kernel injection to use.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from evals import suites as suite_registry
+from evals.suites.base import SuiteConfig
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+Variant = Literal["fixed", "legacy", "stock"]
+Canary = Literal["nan_kv_tail", "high_block_ids"]
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be used: the message names file, field and reason."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineSpec(Strict):
+    """How the vLLM server is started; every value ends up in an argv list, never a shell."""
+
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    max_model_len: int | None = Field(None, ge=16)
+    attention_backend: str | None = Field(None, pattern=r"^[A-Z0-9_]+$")
+    trust_remote_code: bool = False
+    dtype: str = Field("auto", pattern=r"^[a-z0-9]+$")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    enforce_eager: bool = False
+    extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    startup_timeout_s: float = Field(1200.0, gt=0)
+    stop_grace_s: float = Field(30.0, ge=0)
+    allow_unverified_vllm: bool = False
+    plugins: list[str] = Field(default_factory=list)
+
+
+class KernelSpec(Strict):
+    """Which attention kernels the plugin puts in place, and which canaries it arms."""
+
+    variant: Variant = "fixed"
+    canaries: list[Canary] = Field(default_factory=list)
+
+
+class Tolerance(Strict):
+    """vLLM-compatible rule: absolute (value - x) or relative (value * (1 - x))."""
+
+    kind: Literal["absolute", "relative"] = "absolute"
+    value: float = Field(0.08, ge=0)
+
+
+class BaselineSpec(Strict):
+    value: float | None = None
+    direction: Literal["higher", "lower"] = "higher"
+    tolerance: Tolerance = Field(default_factory=Tolerance)
+    source: str = ""
+
+
+class ScheduleSpec(Strict):
+    cron: str
+    timezone: str = "UTC"
+    enabled: bool = False
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class SuiteEntry(BaseModel):
+    """`suite` names a registered suite; the other keys are that suite's own config."""
+
+    model_config = ConfigDict(extra="allow")
+
+    suite: str
+
+    def config(self) -> SuiteConfig:
+        definition = suite_registry.get(self.suite)
+        return definition.config_model.model_validate(self.model_extra or {})
+
+
+class Profile(Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str = ""
+    model: str
+    served_model_name: str = Field(pattern=r"^[A-Za-z0-9._/-]{1,128}$")
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    kernels: KernelSpec = Field(default_factory=KernelSpec)
+    suites: list[SuiteEntry] = Field(min_length=1)
+    baselines: dict[str, dict[str, BaselineSpec]] = Field(default_factory=dict)
+    schedule: ScheduleSpec | None = None
+    max_attempts: int = Field(3, ge=1, le=10)
+
+    @field_validator("suites")
+    @classmethod
+    def _suites_known_and_valid(cls, entries: list[SuiteEntry]) -> list[SuiteEntry]:
+        seen: set[str] = set()
+        for entry in entries:
+            if entry.suite in seen:
+                raise ValueError(f"suite {entry.suite!r} is listed twice")
+            seen.add(entry.suite)
+            entry.config()
+        return entries
+
+    @model_validator(mode="after")
+    def _baselines_name_real_metrics(self) -> Profile:
+        listed = {entry.suite for entry in self.suites}
+        for suite_name, metrics in self.baselines.items():
+            if suite_name not in listed:
+                raise ValueError(f"baselines for suite {suite_name!r}, which the profile does not run")
+            known = suite_registry.get(suite_name).metrics
+            for metric in metrics:
+                if metric not in known:
+                    raise ValueError(
+                        f"baseline for unknown metric {suite_name}.{metric}; known: {', '.join(known)}"
+                    )
+        return self
+
+    def suite_configs(self) -> dict[str, SuiteConfig]:
+        return {entry.suite: entry.config() for entry in self.suites}
+
+
+def _describe(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        parts.append(f"{where}: {item['msg']}")
+    return "; ".join(parts)
+
+
+def load_profile(path: Path) -> Profile:
+    """Parse and validate one profile file; relative local paths resolve beside the file."""
+    try:
+        raw: Any = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ProfileError(f"{path}: cannot read YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{path}: a profile is a mapping, got {type(raw).__name__}")
+    raw.setdefault("name", path.stem)
+    if raw["name"] != path.stem:
+        raise ProfileError(f"{path}: name {raw['name']!r} must match the file name {path.stem!r}")
+    try:
+        return Profile.model_validate(raw)
+    except ValidationError as exc:
+        raise ProfileError(f"{path}: {_describe(exc)}") from exc
+    except (KeyError, ValueError) as exc:
+        raise ProfileError(f"{path}: {exc}") from exc
+
+
+def load_profiles(directory: Path) -> dict[str, Profile]:
+    """All profiles in a folder by name; one bad file fails loudly rather than vanishing."""
+    if not directory.is_dir():
+        raise ProfileError(f"profiles folder {directory} does not exist")
+    return {p.stem: load_profile(p) for p in sorted(directory.glob("*.yaml")) if re.match(NAME_PATTERN, p.stem)}

@@ -1,0 +1,41 @@
+"""Service settings: one pydantic-settings singleton, every key under the KVCANARY_ prefix."""
+
+from __future__ import annotations
+
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PACKAGED_PROFILES = Path(__file__).resolve().parent / "profiles"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KVCANARY_", env_file=".env", extra="ignore")
+
+    data_dir: Path = Field(Path(".kvcanary"), description="Runs' folders, engine logs and the SQLite file")
+    database_url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite (WAL) in data_dir")
+    profiles_dir: Path = Field(PACKAGED_PROFILES, description="Folder of profile YAML files")
+    engine_python: str = Field(sys.executable, description="Python that has vLLM installed")
+    host: str = "127.0.0.1"
+    port: int = 8080
+    public_url: str | None = Field(None, description="Base URL used in links (alerts, CLI output)")
+    dashboard_auth: bool = Field(False, description="Require a viewer token to read the dashboard")
+    start_worker: bool = Field(True, description="Run the local executor inside `kvcanary serve`")
+    worker_poll_s: float = Field(1.0, gt=0)
+    max_body_bytes: int = Field(64 * 1024, gt=0)
+
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'kvcanary.db').resolve()}"
+
+    def runs_dir(self) -> Path:
+        return self.data_dir / "runs"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()
