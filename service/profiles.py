@@ -119,9 +119,7 @@ class Profile(Strict):
             known = suite_registry.get(suite_name).metrics
             for metric in metrics:
                 if metric not in known:
-                    raise ValueError(
-                        f"baseline for unknown metric {suite_name}.{metric}; known: {', '.join(known)}"
-                    )
+                    raise ValueError(f"baseline for unknown metric {suite_name}.{metric}; known: {', '.join(known)}")
         return self
 
     def suite_configs(self) -> dict[str, SuiteConfig]:
@@ -160,3 +158,31 @@ def load_profiles(directory: Path) -> dict[str, Profile]:
     if not directory.is_dir():
         raise ProfileError(f"profiles folder {directory} does not exist")
     return {p.stem: load_profile(p) for p in sorted(directory.glob("*.yaml")) if re.match(NAME_PATTERN, p.stem)}
+
+
+class RunOverrides(Strict):
+    """The short allow-list a trigger may change; everything else comes from the reviewed profile."""
+
+    limit: int | None = Field(None, ge=1, le=100_000, description="Cap every suite at this many items")
+    kernel_variant: Variant | None = None
+    canaries: list[Canary] | None = None
+    suites: list[str] | None = Field(None, description="Run only these suites of the profile")
+
+
+def apply_overrides(profile: Profile, overrides: RunOverrides) -> Profile:
+    """A copy of `profile` with the overrides in place, validated again as a whole."""
+    data = profile.model_dump()
+    if overrides.suites is not None:
+        unknown = set(overrides.suites) - {entry["suite"] for entry in data["suites"]}
+        if unknown:
+            raise ProfileError(f"overrides.suites: {sorted(unknown)} not in profile {profile.name}")
+        data["suites"] = [entry for entry in data["suites"] if entry["suite"] in overrides.suites]
+        data["baselines"] = {k: v for k, v in data["baselines"].items() if k in overrides.suites}
+    if overrides.limit is not None:
+        for entry in data["suites"]:
+            entry["limit"] = overrides.limit
+    if overrides.kernel_variant is not None:
+        data["kernels"]["variant"] = overrides.kernel_variant
+    if overrides.canaries is not None:
+        data["kernels"]["canaries"] = overrides.canaries
+    return Profile.model_validate(data)

@@ -22,7 +22,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8080
     public_url: str | None = Field(None, description="Base URL used in links (alerts, CLI output)")
-    dashboard_auth: bool = Field(False, description="Require a viewer token to read the dashboard")
+    read_auth: bool = Field(False, description="Require a token (any role) to read the API and dashboard")
     start_worker: bool = Field(True, description="Run the local executor inside `kvcanary serve`")
     worker_poll_s: float = Field(1.0, gt=0)
     max_body_bytes: int = Field(64 * 1024, gt=0)

@@ -1,0 +1,60 @@
+"""Profiles and baselines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, status
+
+from service import baselines
+from service.api.deps import Admin, ProfilesDep, SessionDep, Viewer
+from service.schemas import BaselineOut, BaselineUpdate, ProfileOut
+
+router = APIRouter(prefix="/api/v1", tags=["catalog"])
+
+
+@router.get("/profiles", response_model=list[ProfileOut])
+def list_profiles(_: Viewer, profiles: ProfilesDep) -> list[ProfileOut]:
+    return [ProfileOut.of(p) for p in profiles.values()]
+
+
+@router.get("/baselines", response_model=list[BaselineOut])
+def list_baselines(
+    _: Viewer,
+    session: SessionDep,
+    profile: str | None = None,
+) -> list[BaselineOut]:
+    return baselines.list_baselines(session, profile)
+
+
+@router.put("/baselines", response_model=BaselineOut)
+def put_baseline(
+    change: BaselineUpdate,
+    caller: Admin,
+    session: SessionDep,
+    profiles: ProfilesDep,
+) -> BaselineOut:
+    """Change one baseline (value, tolerance, source, reference run); the change is kept in history."""
+    try:
+        return baselines.update(session, change, caller.name, profiles)
+    except baselines.BaselineError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
+
+
+@router.get("/baselines/history", response_model=list[dict[str, Any]])
+def baseline_history(profile: str, _: Viewer, session: SessionDep) -> list[dict[str, Any]]:
+    return baselines.history(session, profile)
+
+
+@router.post("/runs/{run_id}/promote", response_model=list[BaselineOut])
+def promote_run(
+    run_id: int,
+    caller: Admin,
+    session: SessionDep,
+    profiles: ProfilesDep,
+) -> list[BaselineOut]:
+    """Make this run the paired reference for each metric it reported."""
+    try:
+        return baselines.promote(session, run_id, caller.name, profiles)
+    except baselines.BaselineError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc

@@ -1,0 +1,51 @@
+"""Liveness and Prometheus metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Histogram, generate_latest
+from sqlalchemy import func, select, text
+
+from service.api.deps import SessionDep
+from service.db.models import Run
+from service.runs.state import Status
+
+router = APIRouter(tags=["ops"])
+
+DURATION_BUCKETS = (60, 300, 600, 1800, 3600, 7200, 14400, 28800)
+
+
+@router.get("/healthz")
+def healthz(session: SessionDep) -> dict[str, str]:
+    session.execute(text("SELECT 1"))
+    return {"status": "ok"}
+
+
+@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+def metrics(session: SessionDep) -> Response:
+    """Runs by status, queue length, and finished-run durations, read from the database.
+
+    Built per scrape from the database so every replica reports the same truth.
+    """
+    registry = CollectorRegistry()
+    by_status = Gauge("kvcanary_runs", "Runs by status", ["status"], registry=registry)
+    counts = dict(session.execute(select(Run.status, func.count()).group_by(Run.status)).all())
+    for state in Status:
+        by_status.labels(state.value).set(counts.get(state.value, 0))
+    Gauge("kvcanary_queue_length", "Runs waiting to start", registry=registry).set(counts.get(Status.QUEUED.value, 0))
+    durations = Histogram(
+        "kvcanary_run_duration_seconds",
+        "Wall time of finished runs",
+        ["profile"],
+        buckets=DURATION_BUCKETS,
+        registry=registry,
+    )
+    finished = session.execute(
+        select(Run.profile, Run.started_at, Run.finished_at).where(
+            Run.finished_at.is_not(None), Run.started_at.is_not(None)
+        )
+    )
+    for profile, started, ended in finished:
+        if started is not None and ended is not None:
+            durations.labels(profile).observe((ended - started).total_seconds())
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,50 @@
+"""API tokens: random secrets shown once, stored only as SHA-256 hashes, each with one role."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from enum import StrEnum
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.db.models import ApiToken, utcnow
+
+TOKEN_PREFIX = "kvc_"
+
+
+class Role(StrEnum):
+    VIEWER = "viewer"
+    CI = "ci"
+    ADMIN = "admin"
+
+
+# Which roles a role includes: admin can do what ci can, ci what viewer can.
+GRANTS: dict[Role, frozenset[Role]] = {
+    Role.VIEWER: frozenset({Role.VIEWER}),
+    Role.CI: frozenset({Role.VIEWER, Role.CI}),
+    Role.ADMIN: frozenset({Role.VIEWER, Role.CI, Role.ADMIN}),
+}
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def create_token(session: Session, name: str, role: Role) -> str:
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    session.add(ApiToken(name=name, role=role.value, token_hash=hash_token(token)))
+    return token
+
+
+def lookup(session: Session, token: str) -> ApiToken | None:
+    """The live token row for a presented secret, with its last use stamped."""
+    row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token), ApiToken.revoked.is_(False)))
+    if row is not None:
+        row.last_used_at = utcnow()
+    return row
+
+
+def allows(role: str, needed: Role) -> bool:
+    return needed in GRANTS[Role(role)]

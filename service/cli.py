@@ -1,0 +1,245 @@
+"""The `kvcanary` command: serve, run here, submit from CI, tokens, baselines, database."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from service import baselines
+from service.auth import Role, create_token
+from service.db.migrate import upgrade
+from service.db.models import Run
+from service.db.session import session_scope
+from service.profiles import ProfileError, RunOverrides, apply_overrides, load_profiles
+from service.report import print_run, write_junit
+from service.runs import pipeline, queries, queue
+from service.runs.state import FINAL
+from service.runs.worker import new_worker_id
+from service.schemas import RunDetail
+from service.settings import get_settings
+
+app = typer.Typer(help="kvcanary: end-to-end accuracy gate for vLLM attention kernels", no_args_is_help=True)
+db_app = typer.Typer(help="Database schema", no_args_is_help=True)
+tokens_app = typer.Typer(help="API tokens", no_args_is_help=True)
+baselines_app = typer.Typer(help="Baselines and reference runs", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(tokens_app, name="tokens")
+app.add_typer(baselines_app, name="baselines")
+
+console = Console()
+EXIT_PASS, EXIT_REGRESSION, EXIT_ERROR = 0, 1, 2
+
+
+def _labels(pairs: list[str]) -> dict[str, str]:
+    labels = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"label {pair!r} must be key=value")
+        labels[key] = value
+    return labels
+
+
+def _exit_code(run: RunDetail) -> int:
+    if run.status == "passed":
+        return EXIT_PASS
+    if run.status == "failed":
+        return EXIT_REGRESSION
+    return EXIT_ERROR
+
+
+def _prepared_db() -> str:
+    settings = get_settings()
+    url = settings.resolved_database_url()
+    upgrade(url)
+    return url
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Bind address (KVCANARY_HOST)")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (KVCANARY_PORT)")] = None,
+) -> None:
+    """Start the API, dashboard and local worker; migrations are applied on start."""
+    import uvicorn
+
+    from service.app import create_app
+
+    settings = get_settings()
+    uvicorn.run(create_app(settings), host=host or settings.host, port=port or settings.port, log_level="info")
+
+
+@db_app.command("upgrade")
+def db_upgrade() -> None:
+    """Apply all migrations to the configured database."""
+    console.print(f"database at {_prepared_db()} is up to date")
+
+
+@tokens_app.command("create")
+def tokens_create(
+    role: Annotated[Role, typer.Option(help="viewer reads; ci also triggers runs; admin also edits baselines")],
+    name: Annotated[str, typer.Option(help="Who or what holds it, e.g. github-actions")] = "token",
+) -> None:
+    """Print a new API token once; only its hash is stored."""
+    with session_scope(_prepared_db()) as session:
+        token = create_token(session, name, role)
+    console.print(f"created {role.value} token {name!r}; store it now, it is not shown again:")
+    print(token)
+
+
+@baselines_app.command("list")
+def baselines_list(profile: Annotated[str | None, typer.Argument()] = None) -> None:
+    with session_scope(_prepared_db()) as session:
+        for b in baselines.list_baselines(session, profile):
+            console.print(
+                f"{b.profile} {b.suite}.{b.metric}: {b.value} ({b.direction}, {b.tolerance_kind} {b.tolerance}) "
+                f"reference run {b.reference_run_id or '-'} — {b.source}"
+            )
+
+
+@baselines_app.command("promote")
+def baselines_promote(
+    run_id: int, by: Annotated[str, typer.Option(help="Recorded in the history")] = os.environ.get("USER", "cli")
+) -> None:
+    """Make a finished run the paired reference for every metric it reported."""
+    settings = get_settings()
+    profiles = load_profiles(settings.profiles_dir)
+    with session_scope(_prepared_db()) as session:
+        try:
+            changed = baselines.promote(session, run_id, by, profiles)
+        except baselines.BaselineError as exc:
+            console.print(f"[red]{exc}[/red]")
+            raise typer.Exit(EXIT_ERROR) from exc
+    for b in changed:
+        console.print(f"{b.profile} {b.suite}.{b.metric}: reference run is now {b.reference_run_id}")
+
+
+@app.command()
+def run(
+    profile: str,
+    limit: Annotated[int | None, typer.Option(help="Cap every suite at this many items")] = None,
+    variant: Annotated[str | None, typer.Option(help="Kernel variant: fixed, legacy or stock")] = None,
+    label: Annotated[list[str] | None, typer.Option(help="key=value, repeatable")] = None,
+    junit: Annotated[Path | None, typer.Option(help="Write a JUnit XML report here")] = None,
+) -> None:
+    """Run one profile here, without the service: engine, suites, verdict, a result table."""
+    settings = get_settings()
+    url = _prepared_db()
+    try:
+        profiles = load_profiles(settings.profiles_dir)
+    except ProfileError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(EXIT_ERROR) from exc
+    if profile not in profiles:
+        console.print(f"[red]unknown profile {profile!r}; known profiles: {', '.join(sorted(profiles))}[/red]")
+        raise typer.Exit(EXIT_ERROR)
+    try:
+        overrides = RunOverrides.model_validate({"limit": limit, "kernel_variant": variant})
+        apply_overrides(profiles[profile], overrides)
+    except ValueError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(EXIT_ERROR) from exc
+    worker_id = new_worker_id()
+    with session_scope(url) as session:
+        baselines.seed_from_profiles(session, profiles)
+        queued, _ = queue.enqueue(
+            session,
+            profile=profile,
+            trigger="manual",
+            triggered_by=os.environ.get("USER", "cli"),
+            labels=_labels(label or []),
+            overrides=overrides.model_dump(exclude_none=True),
+            variants=[],
+            max_attempts=1,
+        )
+        session.flush()
+        run_id = queued.id
+        queue.claim_next(session, worker_id, run_id)
+    console.print(f"run {run_id}: profile {profile}, folder {settings.runs_dir() / str(run_id)}")
+    worker = threading.Thread(target=pipeline.execute, args=(run_id, settings, profiles, worker_id), daemon=True)
+    worker.start()
+    _follow(url, run_id, worker)
+    with session_scope(url) as session:
+        row = session.get(Run, run_id)
+        assert row is not None
+        detail = queries.run_detail(session, row)
+    print_run(detail, console)
+    if junit:
+        write_junit(detail, junit)
+    raise typer.Exit(_exit_code(detail))
+
+
+def _follow(url: str, run_id: int, worker: threading.Thread) -> None:
+    """A progress bar fed from the run row, which is what the service and dashboard read too."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task("queued", total=None)
+        while worker.is_alive():
+            with session_scope(url) as session:
+                row = session.get(Run, run_id)
+                assert row is not None
+                phase = row.progress_phase or row.status
+                bar.update(
+                    task,
+                    description=f"{row.status}: {phase}",
+                    completed=row.progress_done,
+                    total=row.progress_total or None,
+                )
+            worker.join(0.5)
+
+
+@app.command()
+def submit(
+    url: Annotated[str, typer.Option(help="Base URL of a kvcanary service")],
+    profile: Annotated[str, typer.Option(help="Profile to run")],
+    label: Annotated[list[str] | None, typer.Option(help="key=value, repeatable (git_sha, vllm_version, ...)")] = None,
+    limit: Annotated[int | None, typer.Option(help="Cap every suite at this many items")] = None,
+    wait: Annotated[bool, typer.Option(help="Wait for the verdict; the exit code then says pass/fail")] = False,
+    junit: Annotated[Path | None, typer.Option(help="With --wait: write a JUnit XML report here")] = None,
+    token: Annotated[str | None, typer.Option(envvar="KVCANARY_TOKEN", help="API token (ci role)")] = None,
+    idempotency_key: Annotated[str | None, typer.Option(help="Resubmits return the same run")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the verdict")] = 6 * 3600,
+    poll: Annotated[float, typer.Option(help="Seconds between status polls")] = 5.0,
+) -> None:
+    """Queue a run on a service (for CI). Exit 0 pass, 1 regression, 2 error or unreachable service."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if idempotency_key:
+        headers["Idempotency-Key"] = idempotency_key
+    body: dict[str, object] = {"profile": profile, "labels": _labels(label or [])}
+    if limit is not None:
+        body["overrides"] = {"limit": limit}
+    try:
+        with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=30) as client:
+            response = client.post("/api/v1/runs", json=body)
+            if response.status_code >= 400:
+                console.print(f"[red]{response.status_code}: {response.text}[/red]")
+                raise typer.Exit(EXIT_ERROR)
+            detail = RunDetail.model_validate(response.json())
+            console.print(f"run {detail.id} queued: {detail.links['self']}")
+            if not wait:
+                raise typer.Exit(EXIT_PASS)
+            deadline = time.monotonic() + timeout
+            while detail.status not in {s.value for s in FINAL}:
+                if time.monotonic() > deadline:
+                    console.print(f"[red]no verdict after {timeout:.0f} s; run {detail.id} is {detail.status}[/red]")
+                    raise typer.Exit(EXIT_ERROR)
+                time.sleep(poll)
+                detail = RunDetail.model_validate(client.get(f"/api/v1/runs/{detail.id}").raise_for_status().json())
+                done, total = detail.progress.done, detail.progress.total
+                print(f"run {detail.id}: {detail.status} {detail.progress.phase} {done}/{total}", file=sys.stderr)
+    except httpx.HTTPError as exc:
+        console.print(f"[red]service at {url} unreachable or failing: {exc}[/red]")
+        raise typer.Exit(EXIT_ERROR) from exc
+    print_run(detail, console)
+    if junit:
+        write_junit(detail, junit)
+    raise typer.Exit(_exit_code(detail))

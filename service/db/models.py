@@ -1,0 +1,228 @@
+"""ORM models. The API never returns these: service/schemas.py renders them.
+
+Portable across SQLite and PostgreSQL: JSON columns, timezone-aware timestamps stored as UTC,
+and every uniqueness rule the queue relies on (idempotency key, one sample per item, one
+fire per schedule and time) is a database constraint, not a Python check.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """SQLite drops time zones; this keeps every timestamp aware and in UTC on both engines."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        datetime: UTCDateTime,
+        dict[str, Any]: JSON,
+        list[Any]: JSON,
+    }
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    profile: Mapped[str] = mapped_column(String(64), index=True)
+    status: Mapped[str] = mapped_column(String(24), index=True)
+    trigger: Mapped[str] = mapped_column(String(16), index=True)
+    triggered_by: Mapped[str] = mapped_column(String(128), default="")
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    overrides: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    variants: Mapped[list[Any]] = mapped_column(default=list)
+    idempotency_key: Mapped[str | None] = mapped_column(String(128), unique=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    worker_id: Mapped[str | None] = mapped_column(String(128))
+    engine_pid: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    started_at: Mapped[datetime | None] = mapped_column()
+    finished_at: Mapped[datetime | None] = mapped_column()
+    heartbeat_at: Mapped[datetime | None] = mapped_column()
+    progress_done: Mapped[int] = mapped_column(Integer, default=0)
+    progress_total: Mapped[int] = mapped_column(Integer, default=0)
+    progress_phase: Mapped[str] = mapped_column(String(64), default="")
+    phase_started_at: Mapped[datetime | None] = mapped_column()
+    verdict: Mapped[str | None] = mapped_column(String(16))
+    verdict_summary: Mapped[str] = mapped_column(Text, default="")
+    error: Mapped[str] = mapped_column(Text, default="")
+    engine: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    timings: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    log_tail: Mapped[str] = mapped_column(Text, default="")
+    run_dir: Mapped[str] = mapped_column(String(512), default="")
+
+    results: Mapped[list[SuiteResult]] = relationship(back_populates="run", cascade="all, delete-orphan")
+    events: Mapped[list[RunEvent]] = relationship(back_populates="run", cascade="all, delete-orphan")
+
+
+class SuiteResult(Base):
+    __tablename__ = "suite_results"
+    __table_args__ = (UniqueConstraint("run_id", "arm", "suite", "metric"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    arm: Mapped[str] = mapped_column(String(16))
+    suite: Mapped[str] = mapped_column(String(64))
+    metric: Mapped[str] = mapped_column(String(64))
+    value: Mapped[float] = mapped_column(Float)
+    stderr: Mapped[float | None] = mapped_column(Float)
+    ci_low: Mapped[float | None] = mapped_column(Float)
+    ci_high: Mapped[float | None] = mapped_column(Float)
+    n: Mapped[int] = mapped_column(Integer)
+    direction: Mapped[str] = mapped_column(String(8), default="higher")
+    empty_response_rate: Mapped[float] = mapped_column(Float, default=0.0)
+    baseline_value: Mapped[float | None] = mapped_column(Float)
+    threshold: Mapped[float | None] = mapped_column(Float)
+    verdict: Mapped[str | None] = mapped_column(String(16))
+    explanation: Mapped[str] = mapped_column(Text, default="")
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+    run: Mapped[Run] = relationship(back_populates="results")
+
+
+class Sample(Base):
+    __tablename__ = "samples"
+    __table_args__ = (
+        UniqueConstraint("run_id", "arm", "suite", "key"),
+        Index("ix_samples_run_suite_correct", "run_id", "suite", "is_correct"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    arm: Mapped[str] = mapped_column(String(16))
+    suite: Mapped[str] = mapped_column(String(64))
+    key: Mapped[str] = mapped_column(String(256))
+    prompt_hash: Mapped[str] = mapped_column(String(64))
+    prompt: Mapped[str] = mapped_column(Text, default="")
+    target: Mapped[str] = mapped_column(Text, default="")
+    response: Mapped[str] = mapped_column(Text, default="")
+    extracted: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    correct: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    is_correct: Mapped[bool | None] = mapped_column(Boolean)
+    substitutions: Mapped[int | None] = mapped_column(Integer)
+    deletions: Mapped[int | None] = mapped_column(Integer)
+    insertions: Mapped[int | None] = mapped_column(Integer)
+    ref_words: Mapped[int | None] = mapped_column(Integer)
+    word_errors: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class Baseline(Base):
+    __tablename__ = "baselines"
+    __table_args__ = (UniqueConstraint("profile", "suite", "metric"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    profile: Mapped[str] = mapped_column(String(64))
+    suite: Mapped[str] = mapped_column(String(64))
+    metric: Mapped[str] = mapped_column(String(64))
+    value: Mapped[float | None] = mapped_column(Float)
+    direction: Mapped[str] = mapped_column(String(8), default="higher")
+    tolerance_kind: Mapped[str] = mapped_column(String(16), default="absolute")
+    tolerance: Mapped[float] = mapped_column(Float, default=0.08)
+    source: Mapped[str] = mapped_column(Text, default="")
+    reference_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"))
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_by: Mapped[str] = mapped_column(String(128), default="")
+
+
+class BaselineChange(Base):
+    __tablename__ = "baseline_changes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    profile: Mapped[str] = mapped_column(String(64), index=True)
+    suite: Mapped[str] = mapped_column(String(64))
+    metric: Mapped[str] = mapped_column(String(64))
+    changed_at: Mapped[datetime] = mapped_column(default=utcnow)
+    changed_by: Mapped[str] = mapped_column(String(128))
+    before: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    after: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class Schedule(Base):
+    __tablename__ = "schedules"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    profile: Mapped[str] = mapped_column(String(64))
+    cron: Mapped[str] = mapped_column(String(128))
+    timezone: Mapped[str] = mapped_column(String(64), default="UTC")
+    enabled: Mapped[bool] = mapped_column(Boolean, default=False)
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    next_fire_at: Mapped[datetime | None] = mapped_column()
+    last_fire_at: Mapped[datetime | None] = mapped_column()
+    overridden: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class ScheduleFire(Base):
+    __tablename__ = "schedule_fires"
+    __table_args__ = (UniqueConstraint("schedule_id", "fire_time"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    schedule_id: Mapped[int] = mapped_column(ForeignKey("schedules.id", ondelete="CASCADE"))
+    fire_time: Mapped[datetime] = mapped_column()
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"))
+    skipped_reason: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ApiToken(Base):
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    role: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column()
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class RunEvent(Base):
+    __tablename__ = "run_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    kind: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text, default="")
+
+    run: Mapped[Run] = relationship(back_populates="events")

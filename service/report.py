@@ -1,0 +1,85 @@
+"""Render a run's result document for terminals and for CI (JUnit), from the same numbers."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from service.schemas import MetricOut, RunDetail
+
+VERDICT_STYLE = {"pass": "green", "fail": "bold red", "inconclusive": "yellow", "no_baseline": "cyan"}
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def print_run(run: RunDetail, console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(
+        f"run {run.id} [{run.profile}] status [bold]{run.status}[/bold]"
+        f"  verdict [{VERDICT_STYLE.get(run.verdict or '', 'white')}]{run.verdict or '-'}[/]"
+    )
+    if run.metrics:
+        table = Table("arm", "suite", "metric", "value", "95% CI", "n", "baseline", "threshold", "verdict")
+        for m in run.metrics:
+            interval = f"{_number(m.ci_low)}..{_number(m.ci_high)}" if m.ci_low is not None else "-"
+            table.add_row(
+                m.arm,
+                m.suite,
+                m.metric,
+                _number(m.value),
+                interval,
+                str(m.n),
+                _number(m.baseline),
+                _number(m.threshold),
+                f"[{VERDICT_STYLE.get(m.verdict or '', 'white')}]{m.verdict or '-'}[/]",
+            )
+        console.print(table)
+        for m in run.metrics:
+            if m.explanation:
+                console.print(f"[bold]{m.suite}.{m.metric}[/bold] ({m.arm}): {m.explanation}")
+    if run.error:
+        console.print(f"[bold red]error:[/] {run.error}")
+        if run.log_tail:
+            console.print("engine log tail:\n" + "\n".join(run.log_tail.splitlines()[-20:]), markup=False)
+
+
+def _case(suite: ET.Element, metric: MetricOut) -> None:
+    case = ET.SubElement(
+        suite, "testcase", classname=f"kvcanary.{metric.suite}", name=f"{metric.metric} [{metric.arm}]"
+    )
+    message = (
+        f"{metric.suite}.{metric.metric} = {metric.value:.4f} (n={metric.n}, baseline {_number(metric.baseline)}, "
+        f"threshold {_number(metric.threshold)}): {metric.verdict}. {metric.explanation}"
+    )
+    if metric.verdict == "fail":
+        ET.SubElement(case, "failure", message=message, type="regression").text = message
+    elif metric.verdict in ("inconclusive", "no_baseline"):
+        ET.SubElement(case, "skipped", message=message)
+    ET.SubElement(case, "system-out").text = message
+
+
+def write_junit(run: RunDetail, path: Path) -> None:
+    """One test case per metric, the numbers and the explanation in its message."""
+    judged = [m for m in run.metrics if m.verdict is not None]
+    failures = sum(m.verdict == "fail" for m in judged)
+    errors = 1 if run.status in ("error", "cancelled") else 0
+    suite = ET.Element(
+        "testsuite",
+        name=f"kvcanary.{run.profile}",
+        tests=str(len(judged) + errors),
+        failures=str(failures),
+        errors=str(errors),
+        skipped=str(sum(m.verdict in ("inconclusive", "no_baseline") for m in judged)),
+    )
+    for metric in judged:
+        _case(suite, metric)
+    if errors:
+        case = ET.SubElement(suite, "testcase", classname="kvcanary.run", name=f"run {run.id}")
+        ET.SubElement(case, "error", message=f"run ended {run.status}: {run.error}").text = run.log_tail[-4000:]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)

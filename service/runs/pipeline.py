@@ -1,0 +1,255 @@
+"""Execute one claimed run: engine up, suites against it, samples stored as they come, verdict.
+
+The same function serves the service's worker, `kvcanary run` and the Ray executor, so a
+run behaves identically wherever it executes. Each kernel variant of a run (one, or two for
+an A/B run) is an "arm" with its own engine; suites of an arm share that engine.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evals import fixtures
+from evals import suites as suite_registry
+from evals.suites.base import Sample, SuiteAborted, SuiteContext, SuiteOutcome
+from service.db.models import Run, RunEvent, utcnow
+from service.db.session import session_scope
+from service.engine.launcher import Engine, EngineStartError
+from service.profiles import Profile, RunOverrides, apply_overrides
+from service.runs import scoring, store
+from service.runs.state import Status, transition
+from service.settings import Settings
+
+PROGRESS_WRITE_INTERVAL_S = 1.0
+LOG_TAIL_CHARS = 20_000
+
+
+class RunCancelled(RuntimeError):
+    pass
+
+
+class EngineDied(RuntimeError):
+    pass
+
+
+@dataclass
+class _Watcher:
+    """Polls the run row: heartbeat for liveness, and the cancel flag into the stop event."""
+
+    url: str
+    run_id: int
+    stop_event: threading.Event
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        threading.Thread(target=self._loop, name=f"run-{self.run_id}-watch", daemon=True).start()
+
+    def _loop(self) -> None:
+        while not self.done.wait(1.0):
+            with session_scope(self.url) as session:
+                run = session.get(Run, self.run_id)
+                if run is None:
+                    return
+                run.heartbeat_at = utcnow()
+                if run.cancel_requested:
+                    self.cancelled.set()
+                    self.stop_event.set()
+
+
+@dataclass
+class _Progress:
+    url: str
+    run_id: int
+    phase: str
+    began: float = field(default_factory=time.monotonic)
+    last_write: float = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self.last_write < PROGRESS_WRITE_INTERVAL_S and done < total:
+            return
+        self.last_write = now
+        with session_scope(self.url) as session:
+            run = session.get(Run, self.run_id)
+            if run is not None:
+                if run.progress_phase != self.phase:
+                    run.phase_started_at = utcnow()
+                run.progress_done, run.progress_total, run.progress_phase = done, total, self.phase
+
+
+def _event(url: str, run_id: int, kind: str, message: str) -> None:
+    with session_scope(url) as session:
+        session.add(RunEvent(run_id=run_id, kind=kind, message=message))
+
+
+def _set(url: str, run_id: int, status: Status | None = None, message: str = "", **fields: Any) -> None:
+    with session_scope(url) as session:
+        run = session.get(Run, run_id)
+        assert run is not None, f"run {run_id} vanished"
+        for name, value in fields.items():
+            setattr(run, name, value)
+        if status is not None:
+            transition(session, run, status, message)
+
+
+def resolve_profile(profile: Profile, overrides: dict[str, Any]) -> Profile:
+    """The profile as this run uses it: overrides applied and `fixture:` models built."""
+    resolved = apply_overrides(profile, RunOverrides.model_validate(overrides))
+    return resolved.model_copy(update={"model": fixtures.resolve(resolved.model)})
+
+
+def _run_suite(
+    url: str, run: Run, arm: str, profile: Profile, engine: Engine, suite: str, work_dir: Path
+) -> SuiteOutcome:
+    definition = suite_registry.get(suite)
+    config = profile.suite_configs()[suite]
+    primary = definition.metrics[0]
+    with session_scope(url) as session:
+        done = store.load_samples(session, run.id, arm, suite)
+
+    def emit(samples: Sequence[Sample]) -> None:
+        with session_scope(url) as session:
+            store.save_samples(session, run.id, arm, suite, primary, samples)
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    context = SuiteContext(
+        server_url=engine.url,
+        served_model_name=profile.served_model_name,
+        model_path=profile.model,
+        config=config,
+        work_dir=work_dir,
+        progress=_Progress(url, run.id, f"{arm}/{suite}" if len(run.variants) > 1 else suite),
+        emit_samples=emit,
+        done_samples=done,
+        stop_event=engine.stop_event,
+    )
+    if done:
+        _event(url, run.id, "resume", f"{arm}/{suite}: reusing {len(done)} samples stored by an earlier attempt")
+    return definition.run(context)
+
+
+def _engine_facts(engine: Engine) -> dict[str, Any]:
+    receipts = engine.receipts()
+    return {
+        "version": engine.version,
+        "models": engine.models,
+        "url": engine.url,
+        "startup_s": engine.startup_s,
+        "receipts": receipts,
+        "gpu": next((r.get("device_name") for r in receipts if r.get("device_name")), None),
+    }
+
+
+def _check_receipts(profile: Profile, facts: dict[str, Any]) -> None:
+    """On a GPU, asking for injection and getting no worker receipt is a broken run, not a pass."""
+    if profile.kernels.variant == "stock" and not profile.kernels.canaries:
+        return
+    receipts = facts["receipts"]
+    on_gpu = any(r.get("platform") in {"cuda", "rocm"} for r in receipts)
+    has_worker = any(r.get("role") in {"worker", "engine_core"} for r in receipts)
+    if on_gpu and not has_worker:
+        raise EngineStartError(
+            "kernel injection was asked for but no engine worker wrote a receipt; "
+            "the plugin did not load where the model runs",
+            exit_code=None,
+            log_tail="",
+        )
+
+
+def execute(run_id: int, settings: Settings, profiles: dict[str, Profile], worker_id: str = "local") -> str:
+    """Run a claimed run (status starting_engine) to its end state; returns that state."""
+    url = settings.resolved_database_url()
+    with session_scope(url) as session:
+        run = session.get(Run, run_id)
+        assert run is not None, f"run {run_id} does not exist"
+        session.expunge(run)
+    run_dir = settings.runs_dir() / str(run.id)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stop_event = threading.Event()
+    watcher = _Watcher(url, run.id, stop_event)
+    watcher.start()
+    engine: Engine | None = None
+    timings: dict[str, Any] = {}
+    try:
+        if run.profile not in profiles:
+            raise KeyError(f"profile {run.profile!r} is no longer in the profiles folder")
+        profile = resolve_profile(profiles[run.profile], run.overrides)
+        _set(url, run.id, run_dir=str(run_dir))
+        arms = list(run.variants) or [profile.kernels.variant]
+        outcomes: dict[tuple[str, str], SuiteOutcome] = {}
+        for index, arm in enumerate(arms):
+            arm_profile = profile.model_copy(update={"kernels": profile.kernels.model_copy(update={"variant": arm})})
+            engine = Engine(arm_profile, run_dir / arm, python=settings.engine_python, stop_event=stop_event)
+            (run_dir / arm).mkdir(parents=True, exist_ok=True)
+            began = time.monotonic()
+            engine.start()
+            _set(url, run.id, engine_pid=engine.pid)
+            facts = _engine_facts(engine)
+            _check_receipts(arm_profile, facts)
+            timings[f"{arm}.engine_start_s"] = round(time.monotonic() - began, 2)
+            engine_record = dict(run.engine)
+            engine_record[arm] = facts
+            run.engine = engine_record
+            if index == 0:
+                _set(url, run.id, Status.RUNNING, f"engine {facts['version']} up", engine=engine_record)
+            else:
+                _set(url, run.id, engine=engine_record)
+            for entry in profile.suites:
+                began = time.monotonic()
+                try:
+                    outcome = _run_suite(url, run, arm, arm_profile, engine, entry.suite, run_dir / arm / entry.suite)
+                except SuiteAborted:
+                    if watcher.cancelled.is_set():
+                        raise RunCancelled("cancelled while suites ran") from None
+                    raise EngineDied(engine.stop_cause or "the engine stopped answering") from None
+                if watcher.cancelled.is_set():
+                    raise RunCancelled("cancelled while suites ran")
+                if stop_event.is_set():
+                    raise EngineDied(engine.stop_cause or "the engine stopped answering")
+                outcomes[(arm, entry.suite)] = outcome
+                timings[f"{arm}.{entry.suite}_s"] = round(time.monotonic() - began, 2)
+                _set(url, run.id, timings=dict(timings))
+            _set(url, run.id, log_tail=engine.log_tail()[-LOG_TAIL_CHARS:])
+            engine.stop()
+            engine = None
+        _set(url, run.id, Status.SCORING, "suites done", timings=dict(timings), engine_pid=None)
+        verdict, summary = scoring.score(url, run.id, profile, outcomes, arms)
+        final = Status.FAILED if verdict == "fail" else Status.PASSED
+        _set(url, run.id, final, summary, verdict=verdict, verdict_summary=summary)
+        return final.value
+    except RunCancelled as exc:
+        return _end(url, run.id, Status.CANCELLED, str(exc), engine, timings)
+    except (EngineStartError, EngineDied, SuiteAborted) as exc:
+        tail = getattr(exc, "log_tail", "") or (engine.log_tail() if engine else "")
+        return _end(url, run.id, Status.ERROR, f"{type(exc).__name__}: {exc}", engine, timings, tail)
+    except Exception as exc:
+        return _end(url, run.id, Status.ERROR, f"{type(exc).__name__}: {exc}", engine, timings)
+    finally:
+        watcher.done.set()
+        if engine is not None:
+            engine.stop()
+
+
+def _end(
+    url: str,
+    run_id: int,
+    status: Status,
+    message: str,
+    engine: Engine | None,
+    timings: dict[str, Any],
+    tail: str | None = None,
+) -> str:
+    if engine is not None:
+        engine.stop()
+        tail = tail or engine.log_tail()
+    fields: dict[str, Any] = {"error": message if status == Status.ERROR else "", "timings": dict(timings)}
+    if tail:
+        fields["log_tail"] = tail[-LOG_TAIL_CHARS:]
+    _set(url, run_id, status, message, **fields)
+    return status.value

@@ -1,0 +1,80 @@
+"""Read side of runs: filtered lists, the result document, samples. Routers and CLI call these."""
+
+from __future__ import annotations
+
+from sqlalchemy import Select, func, select
+from sqlalchemy.orm import Session
+
+from service.db.models import Run, SuiteResult
+from service.db.models import Sample as SampleRow
+from service.schemas import Page, RunDetail, RunSummary, SampleOut
+
+
+def _runs_query(
+    profile: str | None, status: str | None, trigger: str | None, label: dict[str, str] | None
+) -> Select[Run]:
+    query = select(Run)
+    if profile:
+        query = query.where(Run.profile == profile)
+    if status:
+        query = query.where(Run.status == status)
+    if trigger:
+        query = query.where(Run.trigger == trigger)
+    for key, value in (label or {}).items():
+        query = query.where(Run.labels[key].as_string() == value)
+    return query
+
+
+def list_runs(
+    session: Session,
+    *,
+    profile: str | None = None,
+    status: str | None = None,
+    trigger: str | None = None,
+    label: dict[str, str] | None = None,
+    offset: int = 0,
+    limit: int = 50,
+) -> Page[RunSummary]:
+    query = _runs_query(profile, status, trigger, label)
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    rows = session.scalars(query.order_by(Run.id.desc()).offset(offset).limit(limit)).all()
+    return Page[RunSummary](items=[RunSummary.of(r) for r in rows], total=total, offset=offset, limit=limit)
+
+
+def run_detail(session: Session, run: Run, base_url: str = "") -> RunDetail:
+    results = session.scalars(
+        select(SuiteResult)
+        .where(SuiteResult.run_id == run.id)
+        .order_by(SuiteResult.arm, SuiteResult.suite, SuiteResult.id)
+    ).all()
+    return RunDetail.of_run(run, list(results), base_url)
+
+
+def list_samples(
+    session: Session,
+    run_id: int,
+    *,
+    suite: str | None = None,
+    arm: str | None = None,
+    wrong_only: bool = False,
+    search: str | None = None,
+    offset: int = 0,
+    limit: int = 50,
+) -> Page[SampleOut]:
+    """Wrong answers first, then worst word error counts: what a reviewer reads first."""
+    query = select(SampleRow).where(SampleRow.run_id == run_id)
+    if suite:
+        query = query.where(SampleRow.suite == suite)
+    if arm:
+        query = query.where(SampleRow.arm == arm)
+    if wrong_only:
+        query = query.where(SampleRow.is_correct.is_(False))
+    if search:
+        pattern = f"%{search}%"
+        query = query.where(
+            SampleRow.prompt.ilike(pattern) | SampleRow.response.ilike(pattern) | SampleRow.target.ilike(pattern)
+        )
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    ordered = query.order_by(SampleRow.is_correct.is_(True), SampleRow.word_errors.desc().nulls_last(), SampleRow.id)
+    rows = session.scalars(ordered.offset(offset).limit(limit)).all()
+    return Page[SampleOut](items=[SampleOut.of(r) for r in rows], total=total, offset=offset, limit=limit)

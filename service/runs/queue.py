@@ -1,0 +1,143 @@
+"""The durable queue: runs wait as rows; claiming one is a single atomic UPDATE.
+
+The claim works the same on SQLite (one writer at a time) and PostgreSQL (the candidate row
+is locked with SKIP LOCKED), so several service processes on one database never execute
+the same run twice.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.db.models import Run, RunEvent, utcnow
+from service.runs.state import ACTIVE, Status, transition
+
+
+def enqueue(
+    session: Session,
+    *,
+    profile: str,
+    trigger: str,
+    triggered_by: str,
+    labels: Mapping[str, str],
+    overrides: Mapping[str, Any],
+    variants: list[str],
+    max_attempts: int,
+    idempotency_key: str | None = None,
+) -> tuple[Run, bool]:
+    """Queue a run; with an idempotency key already used, return that run instead (created=False)."""
+    if idempotency_key:
+        existing = session.scalar(select(Run).where(Run.idempotency_key == idempotency_key))
+        if existing is not None:
+            return existing, False
+    run = Run(
+        profile=profile,
+        status=Status.QUEUED.value,
+        trigger=trigger,
+        triggered_by=triggered_by,
+        labels=dict(labels),
+        overrides=dict(overrides),
+        variants=list(variants),
+        max_attempts=max_attempts,
+        idempotency_key=idempotency_key,
+    )
+    session.add(run)
+    try:
+        session.flush()
+    except IntegrityError:
+        # Another request with the same key won the race; its row is the answer.
+        session.rollback()
+        existing = session.scalar(select(Run).where(Run.idempotency_key == idempotency_key))
+        if existing is None:
+            raise
+        return existing, False
+    session.add(RunEvent(run_id=run.id, kind="status:queued", message=f"queued by {triggered_by} ({trigger})"))
+    return run, True
+
+
+def claim_next(session: Session, worker_id: str, run_id: int | None = None) -> Run | None:
+    """Atomically take the oldest queued run (or run `run_id`) for `worker_id`; None if there is none."""
+    candidate = select(Run.id).where(Run.status == Status.QUEUED.value).order_by(Run.id).limit(1)
+    if run_id is not None:
+        candidate = candidate.where(Run.id == run_id)
+    if session.get_bind().dialect.name == "postgresql":
+        candidate = candidate.with_for_update(skip_locked=True)
+    claimed = session.execute(
+        update(Run)
+        .where(Run.id == candidate.scalar_subquery(), Run.status == Status.QUEUED.value)
+        .values(worker_id=worker_id, heartbeat_at=utcnow())
+        .returning(Run.id)
+    ).scalar_one_or_none()
+    if claimed is None:
+        return None
+    run = session.get(Run, claimed)
+    assert run is not None
+    session.refresh(run)
+    transition(session, run, Status.STARTING_ENGINE, f"claimed by {worker_id}")
+    return run
+
+
+def _kill_orphan_engine(pid: int) -> str:
+    """Stop an engine a dead worker left behind; only if the pid still is a vLLM server."""
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    try:
+        argv = cmdline.read_bytes().split(b"\0")
+    except OSError:
+        return f"engine pid {pid} already gone"
+    if not any(b"vllm.entrypoints" in part for part in argv):
+        return f"pid {pid} is no longer a vLLM engine; left alone"
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return f"engine pid {pid} already gone"
+    return f"killed orphaned engine process group {pid}"
+
+
+def _owner_gone(run: Run, host: str, stale_after_s: float) -> bool:
+    """A worker on this host whose process is gone, or any worker silent for too long."""
+    owner_host, _, rest = (run.worker_id or "").partition(":")
+    pid = rest.partition(":")[0]
+    if owner_host == host and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+        return True
+    if run.heartbeat_at is None:
+        return True
+    return (utcnow() - run.heartbeat_at).total_seconds() > stale_after_s
+
+
+def recover(session: Session, *, host: str, stale_after_s: float) -> list[int]:
+    """Re-queue active runs whose worker died (this host: pid gone; anywhere: heartbeat stale).
+
+    Each becomes `interrupted`, then `queued` again while attempts remain, else `error`.
+    Stored samples stay: the next attempt reuses them.
+    """
+    active = session.scalars(select(Run).where(Run.status.in_([s.value for s in ACTIVE]))).all()
+    recovered = []
+    for run in active:
+        if not _owner_gone(run, host, stale_after_s):
+            continue
+        note = _kill_orphan_engine(run.engine_pid) if run.engine_pid else "no engine was running"
+        transition(session, run, Status.INTERRUPTED, f"worker {run.worker_id} stopped during the run; {note}")
+        if run.attempt < run.max_attempts:
+            transition(session, run, Status.QUEUED, f"re-queued (attempt {run.attempt} of {run.max_attempts})")
+        else:
+            run.error = f"interrupted {run.attempt} times; giving up"
+            transition(session, run, Status.ERROR, run.error)
+        recovered.append(run.id)
+    return recovered
+
+
+def request_cancel(session: Session, run: Run, by: str) -> None:
+    """Queued runs end at once; active ones are flagged and the worker stops them."""
+    if run.status == Status.QUEUED.value:
+        transition(session, run, Status.CANCELLED, f"cancelled by {by} before it started")
+    elif run.status in {s.value for s in ACTIVE}:
+        run.cancel_requested = True
+        session.add(RunEvent(run_id=run.id, kind="cancel_requested", message=f"by {by}"))

@@ -1,0 +1,138 @@
+"""Turn a run's stored samples and metrics into judged results and one run verdict.
+
+Judgements are computed from the stored per-sample rows (every sample of the run, including
+ones an earlier attempt stored), against the stored baseline and, where the baseline names a
+reference run, against that run's samples on the same items. An A/B run is judged as the
+paired comparison of its second arm against its first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from evals.suites.base import MetricValue, Sample, SuiteOutcome
+from evals.verdict import Baseline, MetricJudgement, judge_ab, judge_accuracy, judge_wer, run_verdict
+from service.db.models import Baseline as BaselineRow
+from service.db.models import Run
+from service.db.models import Sample as SampleRow
+from service.db.session import session_scope
+from service.profiles import Profile
+from service.runs import store
+
+
+def is_accuracy(metric: str, samples: Mapping[str, Sample]) -> bool:
+    return any(metric in s.correct for s in samples.values())
+
+
+def accuracy_items(metric: str, samples: Mapping[str, Sample]) -> dict[str, bool]:
+    return {k: bool(s.correct[metric]) for k, s in samples.items() if metric in s.correct}
+
+
+def wer_items(samples: Mapping[str, Sample]) -> dict[str, tuple[int, int]]:
+    """(word errors, reference words) per utterance: what a corpus WER and its paired test need."""
+    return {
+        k: ((s.substitutions or 0) + (s.deletions or 0) + (s.insertions or 0), s.ref_words)
+        for k, s in samples.items()
+        if s.ref_words is not None
+    }
+
+
+def baseline_for(session: Session, profile: str, suite: str, metric: str) -> tuple[Baseline | None, int | None]:
+    row = session.scalar(
+        select(BaselineRow).where(
+            BaselineRow.profile == profile, BaselineRow.suite == suite, BaselineRow.metric == metric
+        )
+    )
+    if row is None:
+        return None, None
+    baseline = Baseline(
+        value=row.value,
+        direction="lower" if row.direction == "lower" else "higher",
+        tolerance_kind="relative" if row.tolerance_kind == "relative" else "absolute",
+        tolerance=row.tolerance,
+        source=row.source,
+    )
+    return baseline, row.reference_run_id
+
+
+def _reference_samples(session: Session, run_id: int | None, suite: str) -> dict[str, Sample] | None:
+    if run_id is None:
+        return None
+    reference = session.get(Run, run_id)
+    if reference is None:
+        return None
+    arm = (reference.variants or [None])[-1] or _only_arm(session, run_id, suite)
+    return store.load_samples(session, run_id, arm, suite) or None
+
+
+def _only_arm(session: Session, run_id: int, suite: str) -> str:
+    arm = session.scalar(select(SampleRow.arm).where(SampleRow.run_id == run_id, SampleRow.suite == suite).limit(1))
+    return arm or ""
+
+
+def _empty_rate_failure(judgement: MetricJudgement, rate: float, limit: float) -> MetricJudgement:
+    return dataclasses.replace(
+        judgement,
+        verdict="fail",
+        explanation=(
+            f"{rate:.1%} of responses were empty, over the limit of {limit:.1%}: the engine answered "
+            f"without text, which no score can be trusted on. " + judgement.explanation
+        ),
+        details={**judgement.details, "empty_response_rate": rate},
+    )
+
+
+def _judge(
+    session: Session, run: Run, profile: Profile, suite: str, metric: MetricValue, samples: Mapping[str, Sample]
+) -> MetricJudgement:
+    baseline, reference_run = baseline_for(session, profile.name, suite, metric.name)
+    reference = _reference_samples(session, reference_run, suite) if reference_run != run.id else None
+    if is_accuracy(metric.name, samples):
+        reference_items = accuracy_items(metric.name, reference) if reference else None
+        return judge_accuracy(suite, metric.name, accuracy_items(metric.name, samples), baseline, reference_items)
+    return judge_wer(suite, metric.name, wer_items(samples), baseline, wer_items(reference) if reference else None)
+
+
+def score(
+    url: str, run_id: int, profile: Profile, outcomes: Mapping[tuple[str, str], SuiteOutcome], arms: list[str]
+) -> tuple[str, str]:
+    """Judge and store every metric of every arm; return (run verdict, one-line summary)."""
+    judgements: list[MetricJudgement] = []
+    with session_scope(url) as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        for (arm, suite), outcome in outcomes.items():
+            samples = store.load_samples(session, run_id, arm, suite)
+            limit = profile.suite_configs()[suite].max_empty_response_rate
+            for metric in outcome.metrics:
+                judgement: MetricJudgement | None
+                if len(arms) == 2 and arm == arms[0]:
+                    judgement = None  # the control arm is what the treatment is judged against
+                elif len(arms) == 2:
+                    control = store.load_samples(session, run_id, arms[0], suite)
+                    if is_accuracy(metric.name, samples):
+                        judgement = judge_ab(
+                            suite,
+                            metric.name,
+                            "accuracy",
+                            accuracy_items(metric.name, control),
+                            accuracy_items(metric.name, samples),
+                        )
+                    else:
+                        judgement = judge_ab(suite, metric.name, "wer", wer_items(control), wer_items(samples))
+                else:
+                    judgement = _judge(session, run, profile, suite, metric, samples)
+                if judgement is not None and outcome.empty_response_rate > limit:
+                    judgement = _empty_rate_failure(judgement, outcome.empty_response_rate, limit)
+                if judgement is not None:
+                    judgements.append(judgement)
+                store.save_result(session, run, arm, suite, metric, outcome.empty_response_rate, judgement)
+    verdict = run_verdict(judgements)
+    summary = (
+        "; ".join(f"{j.suite}.{j.metric} {j.value:.4f}: {j.verdict}" for j in judgements) or "no metrics were judged"
+    )
+    return verdict, f"{verdict}: {summary}"

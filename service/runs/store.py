@@ -1,0 +1,132 @@
+"""Samples and suite results in and out of the database.
+
+Samples are written the moment a suite emits them, each batch in its own transaction, so an
+engine that dies or a service that is killed keeps every finished item for the next attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from evals.verdict import MetricJudgement
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from evals.suites.base import MetricValue
+from evals.suites.base import Sample as SuiteSample
+from service.db.models import Run, SuiteResult
+from service.db.models import Sample as SampleRow
+
+
+def _word_errors(sample: SuiteSample) -> int | None:
+    counts = (sample.substitutions, sample.deletions, sample.insertions)
+    if any(c is None for c in counts):
+        return None
+    return sum(c for c in counts if c is not None)
+
+
+def _is_correct(sample: SuiteSample, primary_metric: str) -> bool | None:
+    if primary_metric in sample.correct:
+        return bool(sample.correct[primary_metric])
+    errors = _word_errors(sample)
+    return None if errors is None else errors == 0
+
+
+def save_samples(
+    session: Session, run_id: int, arm: str, suite: str, primary_metric: str, samples: Sequence[SuiteSample]
+) -> None:
+    """Insert or replace samples by (run, arm, suite, key)."""
+    keys = [s.key for s in samples]
+    if not keys:
+        return
+    session.execute(
+        delete(SampleRow).where(
+            SampleRow.run_id == run_id, SampleRow.arm == arm, SampleRow.suite == suite, SampleRow.key.in_(keys)
+        )
+    )
+    session.add_all(
+        SampleRow(
+            run_id=run_id,
+            arm=arm,
+            suite=suite,
+            key=s.key,
+            prompt_hash=s.prompt_hash,
+            prompt=s.prompt,
+            target=s.target,
+            response=s.response,
+            extracted=dict(s.extracted),
+            correct={k: bool(v) for k, v in s.correct.items()},
+            is_correct=_is_correct(s, primary_metric),
+            substitutions=s.substitutions,
+            deletions=s.deletions,
+            insertions=s.insertions,
+            ref_words=s.ref_words,
+            word_errors=_word_errors(s),
+            error=s.error,
+        )
+        for s in samples
+    )
+
+
+def to_suite_sample(row: SampleRow) -> SuiteSample:
+    return SuiteSample(
+        key=row.key,
+        prompt_hash=row.prompt_hash,
+        prompt=row.prompt,
+        target=row.target,
+        response=row.response,
+        extracted=dict(row.extracted or {}),
+        correct=dict(row.correct or {}),
+        substitutions=row.substitutions,
+        deletions=row.deletions,
+        insertions=row.insertions,
+        ref_words=row.ref_words,
+        error=row.error,
+    )
+
+
+def load_samples(session: Session, run_id: int, arm: str, suite: str) -> dict[str, SuiteSample]:
+    rows = session.scalars(
+        select(SampleRow).where(SampleRow.run_id == run_id, SampleRow.arm == arm, SampleRow.suite == suite)
+    )
+    return {row.key: to_suite_sample(row) for row in rows}
+
+
+def save_result(
+    session: Session,
+    run: Run,
+    arm: str,
+    suite: str,
+    metric: MetricValue,
+    empty_response_rate: float,
+    judgement: MetricJudgement | None,
+) -> None:
+    """Store one metric with its verdict; a re-scored metric replaces the earlier row."""
+    session.execute(
+        delete(SuiteResult).where(
+            SuiteResult.run_id == run.id,
+            SuiteResult.arm == arm,
+            SuiteResult.suite == suite,
+            SuiteResult.metric == metric.name,
+        )
+    )
+    session.add(
+        SuiteResult(
+            run_id=run.id,
+            arm=arm,
+            suite=suite,
+            metric=metric.name,
+            value=metric.value,
+            stderr=metric.stderr,
+            ci_low=metric.ci_low,
+            ci_high=metric.ci_high,
+            n=metric.n,
+            direction=metric.direction,
+            empty_response_rate=empty_response_rate,
+            baseline_value=judgement.baseline if judgement else None,
+            threshold=judgement.threshold if judgement else None,
+            verdict=judgement.verdict if judgement else None,
+            explanation=judgement.explanation if judgement else "",
+            details=dict(judgement.details) if judgement else {},
+        )
+    )
