@@ -1,0 +1,120 @@
+"""A real `kvcanary serve` process on a temporary data folder, and tokens for each role."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from service.auth import Role, create_token
+from service.db.migrate import upgrade
+from service.db.session import session_scope
+from tests.conftest import OFFLINE_ENV
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class LiveService:
+    """One `kvcanary serve` process; `restart()` and `kill()` act on the real process."""
+
+    data_dir: Path
+    env: dict[str, str]
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def database_url(self) -> str:
+        return f"sqlite:///{self.data_dir / 'kvcanary.db'}"
+
+    def start(self, timeout_s: float = 60) -> None:
+        log = (self.data_dir / "serve.log").open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "service", "serve", "--port", str(self.port)],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"kvcanary serve exited {self.process.returncode}: {self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"kvcanary serve did not come up: {self.log_tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL the service process only, as a crash would: its engine is left behind."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+    def log_tail(self) -> str:
+        path = self.data_dir / "serve.log"
+        return path.read_text(errors="replace")[-3000:] if path.exists() else ""
+
+    def token(self, role: Role, name: str | None = None) -> str:
+        upgrade(self.database_url)
+        with session_scope(self.database_url) as session:
+            return create_token(session, name or f"test-{role.value}", role)
+
+
+StartService = Callable[..., LiveService]
+
+
+@pytest.fixture
+def start_service(tmp_path: Path) -> Iterator[StartService]:
+    """`start_service(worker=False, **env)` starts `kvcanary serve` and stops it after the test."""
+    started: list[LiveService] = []
+
+    def start(worker: bool = False, data_dir: Path | None = None, **extra_env: str) -> LiveService:
+        folder = data_dir or tmp_path / "data"
+        folder.mkdir(parents=True, exist_ok=True)
+        env = {
+            **os.environ,
+            **OFFLINE_ENV,
+            "KVCANARY_DATA_DIR": str(folder),
+            "KVCANARY_START_WORKER": "true" if worker else "false",
+            "KVCANARY_WORKER_POLL_S": "0.5",
+            **extra_env,
+        }
+        service = LiveService(folder, env)
+        service.start()
+        started.append(service)
+        return service
+
+    yield start
+    for service in started:
+        service.stop()

@@ -1,0 +1,108 @@
+"""The state machine and the durable queue on a real SQLite file."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import pytest
+
+from service.db.migrate import upgrade
+from service.db.models import Run, RunEvent
+from service.db.session import session_scope
+from service.runs import queue
+from service.runs.state import ALLOWED, InvalidTransition, Status, transition
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    upgrade(url)
+    return url
+
+
+def _enqueue(url: str, n: int = 1, **kw: object) -> list[int]:
+    ids = []
+    with session_scope(url) as session:
+        for _ in range(n):
+            run, _ = queue.enqueue(
+                session,
+                profile="p",
+                trigger="ci",
+                triggered_by="t",
+                labels={},
+                overrides={},
+                variants=[],
+                max_attempts=kw.get("max_attempts", 3),  # type: ignore[arg-type]
+            )
+            session.flush()
+            ids.append(run.id)
+    return ids
+
+
+def test_transitions_follow_the_machine(db: str) -> None:
+    [run_id] = _enqueue(db)
+    with session_scope(db) as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        with pytest.raises(InvalidTransition):
+            transition(session, run, Status.PASSED)
+        for step in (Status.STARTING_ENGINE, Status.RUNNING, Status.SCORING, Status.PASSED):
+            transition(session, run, step)
+        assert run.attempt == 1 and run.finished_at is not None
+        with pytest.raises(InvalidTransition):
+            transition(session, run, Status.QUEUED)
+        kinds = [e.kind for e in session.query(RunEvent).filter_by(run_id=run_id).order_by(RunEvent.id)]
+    assert kinds == ["status:queued", "status:starting_engine", "status:running", "status:scoring", "status:passed"]
+    assert all(not ALLOWED[s] for s in (Status.PASSED, Status.FAILED, Status.ERROR, Status.CANCELLED))
+
+
+def _claim_many(url: str, worker: str, out: multiprocessing.Queue[list[int]]) -> None:
+    claimed = []
+    while True:
+        with session_scope(url) as session:
+            run = queue.claim_next(session, worker)
+            if run is None:
+                break
+            claimed.append(run.id)
+    out.put(claimed)
+
+
+def test_four_processes_claim_each_run_exactly_once(db: str) -> None:
+    ids = _enqueue(db, 40)
+    out: multiprocessing.Queue[list[int]] = multiprocessing.Queue()
+    workers = [multiprocessing.Process(target=_claim_many, args=(db, f"w{i}", out)) for i in range(4)]
+    for w in workers:
+        w.start()
+    claimed = [out.get(timeout=60) for _ in workers]
+    for w in workers:
+        w.join(10)
+    flat = [run_id for batch in claimed for run_id in batch]
+    assert sorted(flat) == ids
+
+
+def test_recover_requeues_runs_of_a_dead_worker_until_attempts_run_out(db: str) -> None:
+    [run_id] = _enqueue(db, max_attempts=2)
+    for attempt in (1, 2):
+        with session_scope(db) as session:
+            run = queue.claim_next(session, "somehost:999999999:dead")
+            assert run is not None and run.id == run_id and run.attempt == attempt
+        with session_scope(db) as session:
+            assert queue.recover(session, host="somehost", stale_after_s=3600) == [run_id]
+    with session_scope(db) as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        assert run.status == Status.ERROR.value and "interrupted 2 times" in run.error
+
+
+def test_recover_leaves_live_workers_alone(db: str) -> None:
+    import os
+    import socket
+
+    [run_id] = _enqueue(db)
+    with session_scope(db) as session:
+        assert queue.claim_next(session, f"{socket.gethostname()}:{os.getpid()}:x") is not None
+    with session_scope(db) as session:
+        assert queue.recover(session, host=socket.gethostname(), stale_after_s=3600) == []
+        run = session.get(Run, run_id)
+        assert run is not None and run.status == Status.STARTING_ENGINE.value
