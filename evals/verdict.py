@@ -1,0 +1,406 @@
+"""Verdicts: does one metric of a run hold against its baseline, and does the run?
+
+A metric is judged by up to two checks, each from per-sample rows:
+
+- the tolerance rule, as vLLM's CI writes it: the value must not fall below
+  `baseline - tol` (absolute) or `baseline * (1 - tol)` (relative), mirrored for metrics
+  where lower is better (WER);
+- where a reference run with samples exists, a paired test on the items both runs
+  answered (the intersection of keys; the explanation says how many matched): exact
+  McNemar for accuracy, a paired bootstrap over utterances for WER, two-sided at `alpha`.
+
+How they combine, in this order:
+
+1. `fail` when the tolerance is broken, at any sample size (a vLLM-compatible gate must
+   never be looser than vLLM's), or when the paired test shows a significant regression
+   (a significant result is evidence even from a small sample). Both reasons are given
+   when both hold, with the p-value and the flips each way.
+2. `no_baseline` when there is neither a baseline value nor a reference run to pair with.
+   A baseline without a value but with a reference uses the reference's value on the
+   matched items; a reference without any baseline is judged by the paired test alone.
+3. `inconclusive` when nothing failed but the run could not have seen a regression as
+   large as the tolerance allows: its minimum detectable effect (MDE, 80% power at the
+   same `alpha`) exceeds the tolerance width |baseline - threshold|. The MDE is the
+   paired one when a reference matched, else the unpaired one. A zero tolerance thus
+   never passes, only fails or stays inconclusive. Without a tolerance rule (a reference
+   but no baseline) there is no width to size the run against, and the MDE is reported.
+4. `pass` otherwise.
+
+A one-question change at 1319 items passes (the tolerance holds, McNemar p = 1), while a
+drop of about 1.6 points with 60 flips fails on McNemar even though an 8-point tolerance
+would let it through. The explanation is one paragraph, written once here and shown
+unchanged by the API, the CLI, JUnit output and the dashboard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from evals.stats import (
+    accuracy_mde,
+    accuracy_stderr,
+    bootstrap_wer_interval,
+    corpus_wer,
+    mcnemar_exact,
+    paired_bootstrap_wer,
+    wer_mde,
+    wer_stderr,
+    wilson_interval,
+)
+
+Verdict = Literal["pass", "fail", "inconclusive", "no_baseline"]
+Kind = Literal["accuracy", "wer"]
+POWER = 0.8
+_FLOAT_SLACK = 1e-9  # a value equal to the threshold is not failed by float rounding
+_SEVERITY: dict[str, int] = {"pass": 0, "no_baseline": 1, "inconclusive": 2, "fail": 3}
+Details = dict[str, float | int | str | None]
+_ITEMS: dict[str, str] = {"accuracy": "items", "wer": "utterances"}
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The evals-side view of a stored baseline; `value` None means only a rule is known."""
+
+    value: float | None
+    direction: Literal["higher", "lower"]
+    tolerance_kind: Literal["absolute", "relative"]
+    tolerance: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.tolerance < 0:
+            raise ValueError(f"baseline tolerance must be >= 0, got {self.tolerance}")
+
+
+@dataclass(frozen=True)
+class MetricJudgement:
+    suite: str
+    metric: str
+    verdict: Verdict
+    value: float
+    n: int
+    baseline: float | None
+    threshold: float | None
+    explanation: str
+    details: Details
+
+
+def threshold(baseline: Baseline) -> float | None:
+    """The vLLM-compatible pass line: value -/+ tol (absolute) or value * (1 -/+ tol)."""
+    if baseline.value is None:
+        return None
+    sign = -1.0 if baseline.direction == "higher" else 1.0
+    if baseline.tolerance_kind == "absolute":
+        return baseline.value + sign * baseline.tolerance
+    return baseline.value * (1 + sign * baseline.tolerance)
+
+
+def run_verdict(judgements: Sequence[MetricJudgement]) -> str:
+    """The worst metric decides: fail > inconclusive > no_baseline > pass; none -> no_baseline.
+
+    Inconclusive outranks no_baseline because it may hide a regression the tolerance
+    cares about, while a missing baseline is a known gap in configuration, not in data.
+    """
+    if not judgements:
+        return "no_baseline"
+    return max((j.verdict for j in judgements), key=_SEVERITY.__getitem__)
+
+
+@dataclass(frozen=True)
+class _Measured:
+    kind: Kind
+    value: float
+    n: int
+    summary: str
+    unpaired_mde: Callable[[float], float]  # baseline value -> MDE
+    details: Details
+
+
+@dataclass(frozen=True)
+class _Paired:
+    matched: int
+    reference_value: float
+    regressed: bool  # the observed change goes the bad way
+    p_value: float
+    mde: float
+    summary: str
+    details: Details
+
+
+def _fmt(kind: Kind, x: float) -> str:
+    return f"{x:.4f}" if kind == "accuracy" else f"{100 * x:.2f}%"
+
+
+def _fmt_width(kind: Kind, x: float) -> str:
+    return f"{x:.4f}" if kind == "accuracy" else f"{100 * x:.2f} points"
+
+
+def _check_inputs(suite: str, metric: str, samples: Mapping[str, Any], baseline: Baseline | None, want: str) -> None:
+    if not samples:
+        raise ValueError(f"{suite}.{metric}: no samples to judge; a run without samples is an error, not a verdict")
+    if baseline is not None and baseline.direction != want:
+        raise ValueError(
+            f"{suite}.{metric}: the baseline says {baseline.direction} is better, but this metric is "
+            f"{want}-is-better; fix the baseline's direction"
+        )
+
+
+def judge_accuracy(
+    suite: str,
+    metric: str,
+    candidate: Mapping[str, bool],
+    baseline: Baseline | None,
+    reference: Mapping[str, bool] | None = None,
+    *,
+    alpha: float = 0.05,
+    reference_label: str = "the reference run",
+) -> MetricJudgement:
+    """Judge per-item correctness (key -> correct) against a baseline and/or a reference run."""
+    _check_inputs(suite, metric, candidate, baseline, "higher")
+    n, k = len(candidate), sum(candidate.values())
+    value = k / n
+    low, high = wilson_interval(k, n, 1 - alpha)
+    measured = _Measured(
+        kind="accuracy",
+        value=value,
+        n=n,
+        summary=f"{value:.4f} ({k}/{n} correct, {1 - alpha:.0%} CI {low:.4f}-{high:.4f})",
+        unpaired_mde=lambda p: accuracy_mde(n, p, alpha=alpha, power=POWER),
+        details={"correct": k, "stderr": accuracy_stderr(k, n) if n > 1 else None, "ci_low": low, "ci_high": high},
+    )
+    paired = None if reference is None else _pair_accuracy(candidate, reference, alpha)
+    return _decide(suite, metric, measured, baseline, paired, reference is not None, reference_label, alpha)
+
+
+def _pair_accuracy(candidate: Mapping[str, bool], reference: Mapping[str, bool], alpha: float) -> _Paired | None:
+    keys = candidate.keys() & reference.keys()
+    if not keys:
+        return None
+    down = sum(1 for key in keys if reference[key] and not candidate[key])
+    up = sum(1 for key in keys if candidate[key] and not reference[key])
+    m = len(keys)
+    ref_value = sum(reference[key] for key in keys) / m
+    p = mcnemar_exact(down, up)
+    return _Paired(
+        matched=m,
+        reference_value=ref_value,
+        regressed=down > up,
+        p_value=p,
+        mde=accuracy_mde(m, ref_value, alpha=alpha, power=POWER, discordant_rate=(down + up) / m),
+        summary=f"{down} right->wrong, {up} wrong->right, exact McNemar p={p:.2g}",
+        details={"flips_down": down, "flips_up": up, "change": (up - down) / m},
+    )
+
+
+def judge_wer(
+    suite: str,
+    metric: str,
+    candidate: Mapping[str, tuple[int, int]],
+    baseline: Baseline | None,
+    reference: Mapping[str, tuple[int, int]] | None = None,
+    *,
+    alpha: float = 0.05,
+    reference_label: str = "the reference run",
+) -> MetricJudgement:
+    """Judge per-utterance (word errors S+D+I, reference words N) against a baseline and/or reference."""
+    _check_inputs(suite, metric, candidate, baseline, "lower")
+    keys = sorted(candidate)  # a fixed order keeps the seeded bootstrap reproducible
+    errors = [candidate[key][0] for key in keys]
+    words = [candidate[key][1] for key in keys]
+    value = corpus_wer(errors, words)
+    low, high = bootstrap_wer_interval(errors, words, confidence=1 - alpha)
+    measured = _Measured(
+        kind="wer",
+        value=value,
+        n=len(keys),
+        summary=(
+            f"{100 * value:.2f}% ({sum(errors)} word errors / {sum(words)} words over {len(keys)} "
+            f"utterances, {1 - alpha:.0%} CI {100 * low:.2f}-{100 * high:.2f}%)"
+        ),
+        unpaired_mde=lambda _value: wer_mde(errors, words, alpha=alpha, power=POWER),
+        details={
+            "errors": sum(errors),
+            "words": sum(words),
+            "stderr": wer_stderr(errors, words),
+            "ci_low": low,
+            "ci_high": high,
+        },
+    )
+    paired = None if reference is None else _pair_wer(suite, metric, candidate, reference, alpha)
+    return _decide(suite, metric, measured, baseline, paired, reference is not None, reference_label, alpha)
+
+
+def _pair_wer(
+    suite: str,
+    metric: str,
+    candidate: Mapping[str, tuple[int, int]],
+    reference: Mapping[str, tuple[int, int]],
+    alpha: float,
+) -> _Paired | None:
+    keys = sorted(candidate.keys() & reference.keys())
+    if not keys:
+        return None
+    for key in keys:
+        if candidate[key][1] != reference[key][1]:
+            raise ValueError(
+                f"{suite}.{metric}: utterance {key!r} has {candidate[key][1]} reference words here but "
+                f"{reference[key][1]} in the reference run; the runs scored different transcripts "
+                "(data or normaliser changed), so re-run the reference before pairing"
+            )
+    cand = [candidate[key][0] for key in keys]
+    ref = [reference[key][0] for key in keys]
+    words = [candidate[key][1] for key in keys]
+    test = paired_bootstrap_wer(cand, ref, words, confidence=1 - alpha)
+    worse = sum(1 for c, r in zip(cand, ref, strict=True) if c > r)
+    better = sum(1 for c, r in zip(cand, ref, strict=True) if c < r)
+    return _Paired(
+        matched=len(keys),
+        reference_value=corpus_wer(ref, words),
+        regressed=test.delta > 0,
+        p_value=test.p_value,
+        mde=wer_mde(cand, words, reference_errors=ref, alpha=alpha, power=POWER),
+        summary=(
+            f"{worse} worse and {better} better utterances, WER change {100 * test.delta:+.2f} points "
+            f"({1 - alpha:.0%} CI {100 * test.ci_low:+.2f} to {100 * test.ci_high:+.2f}), "
+            f"paired bootstrap p={test.p_value:.2g}"
+        ),
+        details={
+            "utterances_worse": worse,
+            "utterances_better": better,
+            "change": test.delta,
+            "change_ci_low": test.ci_low,
+            "change_ci_high": test.ci_high,
+        },
+    )
+
+
+def judge_ab(
+    suite: str,
+    metric: str,
+    kind: Kind,
+    control: Mapping[str, Any],
+    treatment: Mapping[str, Any],
+    *,
+    alpha: float = 0.05,
+    baseline: Baseline | None = None,
+    control_label: str = "control",
+) -> MetricJudgement:
+    """Treatment against control on the items both arms ran, paired.
+
+    The control plays the reference; `baseline`, when given, contributes only its
+    tolerance rule, applied around the control's value (its own value is ignored).
+    """
+    shared = control.keys() & treatment.keys()
+    if not shared:
+        raise ValueError(
+            f"{suite}.{metric}: the A/B arms share no items ({len(control)} control, {len(treatment)} "
+            "treatment); both arms must run the same prompts"
+        )
+    arm = {key: treatment[key] for key in shared}
+    rule = None if baseline is None else replace(baseline, value=None)
+    label = f"the {control_label} arm"
+    if kind == "accuracy":
+        return judge_accuracy(suite, metric, arm, rule, control, alpha=alpha, reference_label=label)
+    if kind == "wer":
+        return judge_wer(suite, metric, arm, rule, control, alpha=alpha, reference_label=label)
+    raise ValueError(f"{suite}.{metric}: unknown A/B kind {kind!r}; use 'accuracy' or 'wer'")
+
+
+def _decide(
+    suite: str,
+    metric: str,
+    measured: _Measured,
+    baseline: Baseline | None,
+    paired: _Paired | None,
+    reference_given: bool,
+    reference_label: str,
+    alpha: float,
+) -> MetricJudgement:
+    kind = measured.kind
+    base_value = baseline.value if baseline is not None else None
+    if base_value is None and paired is not None:
+        base_value = paired.reference_value
+    rule = None if baseline is None or base_value is None else replace(baseline, value=base_value)
+    line = None if rule is None else threshold(rule)
+
+    sentences: list[str] = []
+    broken = False
+    if rule is not None and line is not None:
+        higher = rule.direction == "higher"
+        broken = measured.value < line - _FLOAT_SLACK if higher else measured.value > line + _FLOAT_SLACK
+        state = ("below" if higher else "above") if broken else "meets"
+        origin = "baseline" if baseline is not None and baseline.value is not None else "reference"
+        sentences.append(f"It {state} the threshold {_fmt(kind, line)} ({_rule_text(kind, rule, origin)}).")
+    elif paired is not None:
+        sentences.append("No baseline tolerance applies, so the paired test alone decides.")
+
+    significant = paired is not None and paired.regressed and paired.p_value < alpha
+    if paired is not None:
+        outcome = "no significant change"
+        if paired.p_value < alpha:
+            outcome = "a significant regression" if paired.regressed else "a significant improvement"
+        sentences.append(
+            f"Against {reference_label} on {paired.matched} of {measured.n} {_ITEMS[kind]} "
+            f"(where it scored {_fmt(kind, paired.reference_value)}): {paired.summary}; {outcome}."
+        )
+    elif reference_given:
+        sentences.append(f"{reference_label.capitalize()} shares no items with this run, so nothing was paired.")
+
+    mde, mde_kind = (paired.mde, "paired") if paired is not None else (None, None)
+    if mde is None and base_value is not None:
+        mde, mde_kind = measured.unpaired_mde(base_value), "unpaired"
+    width = None if line is None or base_value is None else abs(base_value - line)
+
+    verdict: Verdict
+    if broken or significant:
+        verdict = "fail"
+    elif line is None and paired is None:
+        verdict = "no_baseline"
+        if not reference_given:
+            sentences.append("There is no baseline value and no reference run to judge it against.")
+    elif width is not None and mde is not None and mde > width + _FLOAT_SLACK:
+        verdict = "inconclusive"
+    else:
+        verdict = "pass"
+
+    if mde is not None:
+        size = f"At this size the smallest regression it detects is {_fmt_width(kind, mde)} "
+        size += f"({mde_kind}, {POWER:.0%} power, alpha {alpha:g}"
+        if verdict == "inconclusive" and width is not None:
+            sentences.append(
+                f"{size}), more than the {_fmt_width(kind, width)} the tolerance allows: add items to decide."
+            )
+        else:
+            sentences.append(f"{size}).")
+
+    head = f"{verdict.upper().replace('_', ' ')}: {suite} {metric} = {measured.summary}."
+    details: Details = {
+        "value": measured.value,
+        "n": measured.n,
+        **measured.details,
+        "tolerance_width": width,
+        "mde": mde,
+        "mde_kind": mde_kind,
+        "alpha": alpha,
+        "power": POWER,
+        "matched": paired.matched if paired is not None else 0,
+        "reference_value": paired.reference_value if paired is not None else None,
+        "p_value": paired.p_value if paired is not None else None,
+        **(paired.details if paired is not None else {}),
+        "baseline_source": baseline.source if baseline is not None else None,
+    }
+    return MetricJudgement(
+        suite, metric, verdict, measured.value, measured.n, base_value, line, " ".join([head, *sentences]), details
+    )
+
+
+def _rule_text(kind: Kind, rule: Baseline, origin: str) -> str:
+    sign = "-" if rule.direction == "higher" else "+"
+    value = _fmt(kind, rule.value or 0.0)
+    if rule.tolerance_kind == "absolute":
+        text = f"{origin} {value} {sign} {_fmt_width(kind, rule.tolerance)} absolute"
+    else:
+        text = f"{origin} {value} {sign} {100 * rule.tolerance:g}% relative"
+    return f"{text}; source: {rule.source}" if rule.source else text
