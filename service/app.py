@@ -11,11 +11,13 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import baselines
-from service.api import catalog, ops, runs
+from service.alerting.watcher import AlertWatcher
+from service.api import catalog, ops, runs, schedules
 from service.db.migrate import upgrade
 from service.db.session import session_scope
 from service.profiles import load_profiles
 from service.runs.worker import LocalWorker
+from service.scheduling.loop import Scheduler
 from service.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -76,7 +78,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         worker = LocalWorker(settings, profiles) if settings.start_worker else None
         if worker:
             worker.start()
+        scheduler, alerts = Scheduler(settings, profiles), AlertWatcher(settings)
+        scheduler.start()
+        alerts.start()
         yield
+        scheduler.stop()
+        alerts.stop()
         if worker:
             worker.stop()
 
@@ -91,6 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(runs.router)
     app.include_router(catalog.router)
     app.include_router(ops.router)
+    app.include_router(schedules.router)
 
     @app.middleware("http")
     async def no_cache_api(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:

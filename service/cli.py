@@ -24,6 +24,7 @@ from service.report import print_run, write_junit
 from service.runs import pipeline, queries, queue
 from service.runs.state import FINAL
 from service.runs.worker import new_worker_id
+from service.scheduling.cli import app as schedules_app
 from service.schemas import RunDetail
 from service.settings import get_settings
 
@@ -34,6 +35,7 @@ baselines_app = typer.Typer(help="Baselines and reference runs", no_args_is_help
 app.add_typer(db_app, name="db")
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(baselines_app, name="baselines")
+app.add_typer(schedules_app, name="schedules")
 
 console = Console()
 EXIT_PASS, EXIT_REGRESSION, EXIT_ERROR = 0, 1, 2

@@ -26,6 +26,13 @@ class Settings(BaseSettings):
     start_worker: bool = Field(True, description="Run the local executor inside `kvcanary serve`")
     worker_poll_s: float = Field(1.0, gt=0)
     max_body_bytes: int = Field(64 * 1024, gt=0)
+    nightly: bool = Field(False, description="Switch on the profiles' nightly schedules (a GPU host sets it)")
+    scheduler_tick_s: float = Field(15.0, gt=0, description="How often the scheduler looks for due schedules")
+    alert_webhooks: list[str] = Field(default_factory=list, description='Generic JSON webhooks, e.g. ["https://..."]')
+    alert_slack_webhooks: list[str] = Field(default_factory=list, description="Slack-compatible webhooks (`text`)")
+    alert_attempts: int = Field(4, ge=1, le=10, description="Tries per webhook and alert")
+    alert_backoff_s: float = Field(2.0, ge=0, description="Wait before the 2nd try; doubles each try")
+    alert_poll_s: float = Field(5.0, gt=0, description="How often the alert watcher looks for finished runs")
 
     def resolved_database_url(self) -> str:
         if self.database_url:

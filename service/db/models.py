@@ -226,3 +226,14 @@ class RunEvent(Base):
     message: Mapped[str] = mapped_column(Text, default="")
 
     run: Mapped[Run] = relationship(back_populates="events")
+
+
+class AlertCheck(Base):
+    """One row per finished run the alert watcher judged; inserting it claims the run's alert."""
+
+    __tablename__ = "alert_checks"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    checked_at: Mapped[datetime] = mapped_column(default=utcnow)
+    checked_by: Mapped[str] = mapped_column(String(128), default="")
+    outcome: Mapped[str] = mapped_column(Text, default="")

@@ -1,0 +1,25 @@
+"""Schedules: read them with their next/last fire; admins override what the profiles define."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, status
+
+from service.api.deps import Admin, ProfilesDep, SessionDep, Viewer
+from service.scheduling import schedules
+from service.scheduling.schemas import ScheduleOut, ScheduleUpdate
+
+router = APIRouter(prefix="/api/v1/schedules", tags=["schedules"])
+
+
+@router.get("", response_model=list[ScheduleOut])
+def list_schedules(_: Viewer, session: SessionDep) -> list[ScheduleOut]:
+    return schedules.list_schedules(session)
+
+
+@router.put("", response_model=ScheduleOut)
+def put_schedule(change: ScheduleUpdate, _: Admin, session: SessionDep, profiles: ProfilesDep) -> ScheduleOut:
+    """Change a schedule by name, or create one; from then on its profile's block no longer applies to it."""
+    try:
+        return schedules.update(session, change, profiles)
+    except schedules.ScheduleError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc

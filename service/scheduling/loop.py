@@ -1,0 +1,54 @@
+"""The scheduler: a thread in `kvcanary serve` that fires due schedules every tick.
+
+Every service process on a database runs one; the `ScheduleFire` unique key, not any
+leader election, makes each fire happen once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+
+from service.profiles import Profile
+from service.scheduling import schedules
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, settings: Settings, profiles: dict[str, Profile]) -> None:
+        self.settings = settings
+        self.profiles = profiles
+        self.url = settings.resolved_database_url()
+        self.process = f"{socket.gethostname()}:{os.getpid()}"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kvcanary-scheduler", daemon=True)
+
+    def start(self) -> None:
+        """Sync the profiles' schedule blocks (errors surface here, at service start), then tick."""
+        schedules.sync_from_profiles(self.url, self.profiles, self.settings.nightly)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+    def tick(self) -> list[schedules.Fired]:
+        fired = schedules.fire_due(self.url, self.profiles, f"schedule ({self.process})")
+        for f in fired:
+            if f.run_id is not None:
+                log.info("schedule %s fired for %s: run %d queued", f.schedule, f.fire_time.isoformat(), f.run_id)
+            else:
+                log.warning("schedule %s fired for %s: %s", f.schedule, f.fire_time.isoformat(), f.skipped_reason)
+        return fired
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:
+                log.exception("scheduler tick failed; trying again next tick")
+            self._stop.wait(self.settings.scheduler_tick_s)

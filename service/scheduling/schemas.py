@@ -1,0 +1,108 @@
+"""Schedule request and response models; the API and CLI render these, never ORM rows."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from service.db.models import Schedule, ScheduleFire
+from service.scheduling.cron import CronError, validate
+from service.schemas import LABEL_KEY, MAX_LABEL_VALUE, MAX_LABELS
+
+
+class FireOut(BaseModel):
+    fire_time: datetime
+    run_id: int | None
+    skipped_reason: str
+    created_at: datetime
+
+    @classmethod
+    def of(cls, row: ScheduleFire) -> FireOut:
+        return cls.model_validate(row, from_attributes=True)
+
+
+class ScheduleOut(BaseModel):
+    name: str
+    profile: str
+    cron: str
+    timezone: str
+    enabled: bool
+    labels: dict[str, str]
+    next_fire_at: datetime | None
+    last_fire_at: datetime | None
+    overridden: bool = Field(
+        description="Changed through the API or CLI: the profile's schedule block no longer applies"
+    )
+    recent_fires: list[FireOut]
+
+    @classmethod
+    def of(cls, row: Schedule, fires: list[ScheduleFire]) -> ScheduleOut:
+        return cls(
+            name=row.name,
+            profile=row.profile,
+            cron=row.cron,
+            timezone=row.timezone,
+            enabled=row.enabled,
+            labels=row.labels or {},
+            next_fire_at=row.next_fire_at,
+            last_fire_at=row.last_fire_at,
+            overridden=row.overridden,
+            recent_fires=[FireOut.of(f) for f in fires],
+        )
+
+
+class ScheduleUpdate(BaseModel):
+    """Change a schedule by name (fields left out keep their value), or create one with profile and cron."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"name": "kimi-linear-48b-a3b", "enabled": True},
+                {
+                    "name": "whisper-nightly-vllm-0.24",
+                    "profile": "whisper-large-v3",
+                    "cron": "30 1 * * *",
+                    "timezone": "Europe/Berlin",
+                    "labels": {"vllm_version": "0.24.0"},
+                    "enabled": True,
+                },
+            ]
+        },
+    )
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
+    profile: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
+    cron: str | None = Field(None, max_length=128)
+    timezone: str | None = Field(None, max_length=64)
+    enabled: bool | None = None
+    labels: dict[str, str] | None = Field(None, description="Put on every run this schedule queues")
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, labels: dict[str, str] | None) -> dict[str, str] | None:
+        if labels is None:
+            return None
+        if len(labels) > MAX_LABELS:
+            raise ValueError(f"at most {MAX_LABELS} labels")
+        for key, value in labels.items():
+            if not re.match(LABEL_KEY, key):
+                raise ValueError(f"label key {key!r} must match {LABEL_KEY}")
+            if len(value) > MAX_LABEL_VALUE or any(ord(c) < 32 for c in value):
+                raise ValueError(f"label {key!r}: at most {MAX_LABEL_VALUE} printable characters")
+        return labels
+
+    @model_validator(mode="after")
+    def _cron_and_zone_valid(self) -> ScheduleUpdate:
+        if self.cron is not None or self.timezone is not None:
+            try:
+                validate(self.cron or "* * * * *", self.timezone or "UTC")
+            except CronError as exc:
+                raise ValueError(str(exc)) from exc
+        return self
+
+    def changes(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"name"}, exclude_none=True)
