@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from evals.diff import correct_flags, word_errors
 from evals.suites.base import MetricValue, Sample, SuiteOutcome
 from evals.verdict import Baseline, MetricJudgement, judge_ab, judge_accuracy, judge_wer, run_verdict
 from service.db.models import Baseline as BaselineRow
@@ -24,21 +25,18 @@ from service.profiles import Profile
 from service.runs import store
 
 
-def is_accuracy(metric: str, samples: Mapping[str, Sample]) -> bool:
-    return any(metric in s.correct for s in samples.values())
-
-
-def accuracy_items(metric: str, samples: Mapping[str, Sample]) -> dict[str, bool]:
-    return {k: bool(s.correct[metric]) for k, s in samples.items() if metric in s.correct}
-
-
-def wer_items(samples: Mapping[str, Sample]) -> dict[str, tuple[int, int]]:
-    """(word errors, reference words) per utterance: what a corpus WER and its paired test need."""
-    return {
-        k: ((s.substitutions or 0) + (s.deletions or 0) + (s.insertions or 0), s.ref_words)
-        for k, s in samples.items()
-        if s.ref_words is not None
-    }
+def _no_samples(suite: str, metric: MetricValue) -> MetricJudgement:
+    return MetricJudgement(
+        suite=suite,
+        metric=metric.name,
+        verdict="fail",
+        value=metric.value,
+        n=0,
+        baseline=None,
+        threshold=None,
+        explanation="no sample of this run was scored for this metric, so nothing supports its value",
+        details={},
+    )
 
 
 def baseline_for(session: Session, profile: str, suite: str, metric: str) -> tuple[Baseline | None, int | None]:
@@ -91,10 +89,40 @@ def _judge(
 ) -> MetricJudgement:
     baseline, reference_run = baseline_for(session, profile.name, suite, metric.name)
     reference = _reference_samples(session, reference_run, suite) if reference_run != run.id else None
-    if is_accuracy(metric.name, samples):
-        reference_items = accuracy_items(metric.name, reference) if reference else None
-        return judge_accuracy(suite, metric.name, accuracy_items(metric.name, samples), baseline, reference_items)
-    return judge_wer(suite, metric.name, wer_items(samples), baseline, wer_items(reference) if reference else None)
+    flags = correct_flags(samples, metric.name)
+    if flags:
+        reference_flags = correct_flags(reference, metric.name) if reference else None
+        return judge_accuracy(suite, metric.name, flags, baseline, reference_flags)
+    errors = word_errors(samples)
+    if errors:
+        return judge_wer(suite, metric.name, errors, baseline, word_errors(reference) if reference else None)
+    return _no_samples(suite, metric)
+
+
+def _judge_ab(
+    session: Session,
+    profile: Profile,
+    suite: str,
+    metric: MetricValue,
+    control_arm: str,
+    run_id: int,
+    samples: Mapping[str, Sample],
+) -> MetricJudgement:
+    """Treatment arm against the control arm on the same items; the baseline lends its tolerance."""
+    control = store.load_samples(session, run_id, control_arm, suite)
+    baseline, _ = baseline_for(session, profile.name, suite, metric.name)
+    flags = correct_flags(samples, metric.name)
+    if flags:
+        control_flags = correct_flags(control, metric.name)
+        return judge_ab(
+            suite, metric.name, "accuracy", control_flags, flags, baseline=baseline, control_label=control_arm
+        )
+    errors = word_errors(samples)
+    if errors:
+        return judge_ab(
+            suite, metric.name, "wer", word_errors(control), errors, baseline=baseline, control_label=control_arm
+        )
+    return _no_samples(suite, metric)
 
 
 def score(
@@ -113,17 +141,7 @@ def score(
                 if len(arms) == 2 and arm == arms[0]:
                     judgement = None  # the control arm is what the treatment is judged against
                 elif len(arms) == 2:
-                    control = store.load_samples(session, run_id, arms[0], suite)
-                    if is_accuracy(metric.name, samples):
-                        judgement = judge_ab(
-                            suite,
-                            metric.name,
-                            "accuracy",
-                            accuracy_items(metric.name, control),
-                            accuracy_items(metric.name, samples),
-                        )
-                    else:
-                        judgement = judge_ab(suite, metric.name, "wer", wer_items(control), wer_items(samples))
+                    judgement = _judge_ab(session, profile, suite, metric, arms[0], run_id, samples)
                 else:
                     judgement = _judge(session, run, profile, suite, metric, samples)
                 if judgement is not None and outcome.empty_response_rate > limit:

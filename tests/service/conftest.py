@@ -118,3 +118,31 @@ def start_service(tmp_path: Path) -> Iterator[StartService]:
     yield start
     for service in started:
         service.stop()
+
+
+def _fresh_postgres_database(server_url: str) -> str:
+    """A new, empty database on the test PostgreSQL server; its URL."""
+    import uuid
+
+    from sqlalchemy import create_engine, text
+
+    name = f"kvc_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return server_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A migrated, empty database: a SQLite file, and (where a server is up) PostgreSQL."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'kvcanary.db'}"
+    else:
+        server = os.environ.get("KVCANARY_TEST_POSTGRES_URL")
+        if not server:
+            pytest.skip("no PostgreSQL server: scripts/test.sh starts one (KVCANARY_TEST_POSTGRES_URL)")
+        url = _fresh_postgres_database(server)
+    upgrade(url)
+    return url

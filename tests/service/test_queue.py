@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import multiprocessing
-from pathlib import Path
 
 import pytest
 
-from service.db.migrate import upgrade
 from service.db.models import Run, RunEvent
 from service.db.session import session_scope
 from service.runs import queue
@@ -15,10 +13,8 @@ from service.runs.state import ALLOWED, InvalidTransition, Status, transition
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path / 'q.db'}"
-    upgrade(url)
-    return url
+def db(database_url: str) -> str:
+    return database_url
 
 
 def _enqueue(url: str, n: int = 1, **kw: object) -> list[int]:
@@ -70,8 +66,9 @@ def _claim_many(url: str, worker: str, out: multiprocessing.Queue[list[int]]) ->
 
 def test_four_processes_claim_each_run_exactly_once(db: str) -> None:
     ids = _enqueue(db, 40)
-    out: multiprocessing.Queue[list[int]] = multiprocessing.Queue()
-    workers = [multiprocessing.Process(target=_claim_many, args=(db, f"w{i}", out)) for i in range(4)]
+    spawn = multiprocessing.get_context("spawn")  # fresh processes, as separate services would be
+    out: multiprocessing.Queue[list[int]] = spawn.Queue()
+    workers = [spawn.Process(target=_claim_many, args=(db, f"w{i}", out)) for i in range(4)]
     for w in workers:
         w.start()
     claimed = [out.get(timeout=60) for _ in workers]
