@@ -1,8 +1,21 @@
 #!/usr/bin/env bash
-# Run kvcanary's test suite as CI does (GPU tests skip themselves, with the reason, without a GPU).
+# Run kvcanary's test suite as CI does. A throwaway PostgreSQL server serves the database tests
+# that run on both engines; GPU tests skip themselves, with the reason, on a machine without one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
 ruff check .
 mypy service evals kernels
-exec python -m pytest -p no:cacheprovider -rs "$@"
+if [ -z "${KVCANARY_TEST_POSTGRES_URL:-}" ]; then
+  eval "$(bash scripts/start_postgres.sh)"
+  if [ -n "${KVCANARY_TEST_POSTGRES_DATA:-}" ]; then
+    stop_pg() {
+      local pg_ctl runas=()
+      pg_ctl="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)/pg_ctl"
+      [ "$(id -u)" = 0 ] && runas=(runuser -u postgres --)
+      "${runas[@]}" "$pg_ctl" -D "$KVCANARY_TEST_POSTGRES_DATA" -m fast stop >/dev/null 2>&1 || true
+    }
+    trap stop_pg EXIT
+  fi
+fi
+python -m pytest -p no:cacheprovider -rs "$@"
