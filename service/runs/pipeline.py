@@ -99,9 +99,14 @@ def _set(url: str, run_id: int, status: Status | None = None, message: str = "",
 
 
 def resolve_profile(profile: Profile, overrides: dict[str, Any]) -> Profile:
-    """The profile as this run uses it: overrides applied and `fixture:` models built."""
-    resolved = apply_overrides(profile, RunOverrides.model_validate(overrides))
-    return resolved.model_copy(update={"model": fixtures.resolve(resolved.model)})
+    """The profile as this run uses it: overrides applied, `fixture:` references built."""
+    data = apply_overrides(profile, RunOverrides.model_validate(overrides)).model_dump()
+    data["model"] = fixtures.resolve(data["model"])
+    for entry in data["suites"]:
+        for key, value in entry.items():
+            if isinstance(value, str):
+                entry[key] = fixtures.resolve(value)
+    return Profile.model_validate(data)
 
 
 def _run_suite(
