@@ -1,0 +1,456 @@
+# mypy: disable-error-code="no-untyped-def"
+# Triton reads a kernel parameter's annotation as its type (tl.constexpr, tl.int64), so the
+# @triton.jit functions leave tensors and scalars unannotated.
+"""Paged attention over vLLM's KV cache for mixed prefill/decode batches.
+
+The entry point has the argument names and order of vLLM's
+``vllm.v1.attention.ops.triton_unified_attention.unified_attention`` (0.24.x and 0.25.x), so
+vLLM's TRITON_ATTN backend can call it unchanged; it also serves Whisper's non-causal
+cross-attention.
+
+The fix (vLLM PR #47305): no K/V load and no block-table load for a key position
+``>= seq_len``, and the non-causal loop ends at ``seq_len``. A block's unwritten tail may
+hold NaN, and a masked score only gives it weight 0: ``0 * NaN`` is NaN. The tail mask is
+applied only on the tiles that straddle a bound, so the fix costs nothing on the others.
+``variant="legacy"`` reproduces the pre-fix reads (bound derived causally, block table read
+for the whole tile) to prove that tests and the accuracy gate catch the bug.
+"""
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._launch import Launch, LaunchConfig, check_variant
+from kernels._split_kv import merge_splits
+
+
+@triton.jit
+def _find_seq(cu_seqlens_q_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
+    """Sequence owning global query block ``q_block`` (blocks of seq i start at cu[i]//BLOCK_Q + i)."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(cu_seqlens_q_ptr + mid) // BLOCK_Q + mid <= q_block:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _attend_tiles(
+    acc,
+    m_i,
+    l_i,
+    q,
+    tile_lo,
+    tile_hi,
+    k_ptr,
+    v_ptr,
+    table_row_ptr,
+    kv_head,
+    stride_k_blk,
+    stride_k_pos,
+    stride_k_head,
+    stride_k_dim,
+    stride_v_blk,
+    stride_v_pos,
+    stride_v_head,
+    stride_v_dim,
+    scale,
+    softcap,
+    q_abs,
+    row_valid,
+    seq_len,
+    load_limit,
+    BLOCK_SIZE: tl.constexpr,
+    TILE: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    MASKED: tl.constexpr,
+    READ_PAST_SEQ_LEN: tl.constexpr,
+):
+    """Online-softmax accumulation over tiles [tile_lo, tile_hi) of TILE key positions.
+
+    MASKED tiles straddle a bound (seq_len, causal diagonal, window edge): loads stop at
+    ``load_limit`` and scores are masked. Other tiles lie wholly inside every bound and
+    run without masks.
+    """
+    offs_t = tl.arange(0, TILE)
+    offs_d = tl.arange(0, HEAD_PAD)
+    d_ok = offs_d < HEAD_SIZE
+    for j in tl.range(tile_lo, tile_hi):
+        pos = j * TILE + offs_t
+        kv_mask = d_ok[None, :]
+        if MASKED:
+            readable = pos < load_limit
+            kv_mask = kv_mask & readable[:, None]
+            if READ_PAST_SEQ_LEN:
+                block = tl.load(table_row_ptr + pos // BLOCK_SIZE)
+            else:
+                block = tl.load(table_row_ptr + pos // BLOCK_SIZE, mask=readable, other=0)
+        else:
+            block = tl.load(table_row_ptr + pos // BLOCK_SIZE)
+        block = block.to(tl.int64)
+        k_rows = k_ptr + block * stride_k_blk + (pos % BLOCK_SIZE) * stride_k_pos + kv_head * stride_k_head
+        v_rows = v_ptr + block * stride_v_blk + (pos % BLOCK_SIZE) * stride_v_pos + kv_head * stride_v_head
+        k_ptrs = k_rows[:, None] + offs_d[None, :] * stride_k_dim
+        v_ptrs = v_rows[:, None] + offs_d[None, :] * stride_v_dim
+        if MASKED or HEAD_PAD != HEAD_SIZE:
+            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+
+        s = tl.dot(q, tl.trans(k))
+        if USE_SOFTCAP:
+            s = softcap * (2.0 * tl.sigmoid(2.0 * (s * scale) / softcap) - 1.0) * 1.4426950408889634
+        else:
+            s = s * (scale * 1.4426950408889634)
+        if MASKED:
+            ok = row_valid[:, None] & (pos < seq_len)[None, :]
+            if CAUSAL:
+                ok = ok & (pos[None, :] <= q_abs[:, None])
+            if WINDOW > 0:
+                ok = ok & ((q_abs[:, None] - pos[None, :]) < WINDOW)
+                if not CAUSAL:
+                    ok = ok & ((pos[None, :] - q_abs[:, None]) < WINDOW)
+            s = tl.where(ok, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _unified_attention_kernel(
+    out_ptr,
+    partials_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    block_table_ptr,
+    seq_lens_ptr,
+    cu_seqlens_q_ptr,
+    scale,
+    softcap,
+    num_seqs,
+    stride_q_tok,
+    stride_q_head,
+    stride_o_tok,
+    stride_o_head,
+    stride_k_blk,
+    stride_k_pos,
+    stride_k_head,
+    stride_k_dim,
+    stride_v_blk,
+    stride_v_pos,
+    stride_v_head,
+    stride_v_dim,
+    stride_table_seq,
+    stride_p_tok,
+    stride_p_head,
+    stride_p_split,
+    Q_PER_KV: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    READ_PAST_SEQ_LEN: tl.constexpr,
+):
+    # One program: BLOCK_Q query tokens x Q_PER_KV heads of one KV head (BLOCK_M rows),
+    # over one split of the key range.
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    seq = _find_seq(cu_seqlens_q_ptr, q_block, num_seqs, BLOCK_Q)
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    query_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    first_q = (q_block - (q_start // BLOCK_Q + seq)) * BLOCK_Q
+    if first_q >= query_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context_len = seq_len - query_len
+
+    rows = tl.arange(0, BLOCK_M)
+    q_pos = first_q + rows // Q_PER_KV
+    head = kv_head * Q_PER_KV + rows % Q_PER_KV
+    row_valid = (rows // Q_PER_KV < BLOCK_Q) & (q_pos < query_len)
+    q_abs = context_len + q_pos
+    offs_d = tl.arange(0, HEAD_PAD)
+    d_ok = offs_d < HEAD_SIZE
+    token = (q_start + q_pos).to(tl.int64)
+    q = tl.load(
+        q_ptr + token[:, None] * stride_q_tok + head[:, None] * stride_q_head + offs_d[None, :],
+        mask=row_valid[:, None] & d_ok[None, :],
+        other=0.0,
+    )
+
+    # Key ranges: [any_lo, any_hi) is allowed for some row of the block, [all_lo, all_hi)
+    # for every row; tiles inside the latter need no mask.
+    qa_first = context_len + first_q
+    qa_last = context_len + tl.minimum(first_q + BLOCK_Q, query_len) - 1
+    any_lo = 0
+    all_lo = 0
+    if CAUSAL:
+        any_hi = qa_last + 1
+        all_hi = qa_first + 1
+    else:
+        any_hi = seq_len
+        all_hi = seq_len
+    if WINDOW > 0:
+        any_lo = tl.maximum(qa_first - WINDOW + 1, 0)
+        all_lo = tl.maximum(qa_last - WINDOW + 1, 0)
+        if not CAUSAL:
+            any_hi = tl.minimum(qa_last + WINDOW, seq_len)
+            all_hi = tl.minimum(qa_first + WINDOW, seq_len)
+
+    load_limit = seq_len
+    tile_hi = tl.cdiv(any_hi, TILE)
+    if READ_PAST_SEQ_LEN:
+        # Pre-fix bound: the longest causal prefix of the block, widened to seq_len when
+        # non-causal, so non-causal queries read the block tail past seq_len.
+        load_limit = context_len + first_q + (BLOCK_M - 1) // Q_PER_KV + 1
+        if CAUSAL:
+            load_limit = tl.minimum(load_limit, seq_len)
+        else:
+            load_limit = tl.maximum(load_limit, seq_len)
+            if WINDOW == 0:
+                tile_hi = tl.cdiv(load_limit, TILE)
+
+    tile_lo = any_lo // TILE
+    if NUM_SPLITS > 1:
+        per_split = tl.cdiv(tile_hi - tile_lo, NUM_SPLITS)
+        tile_lo = tile_lo + split * per_split
+        tile_hi = tl.minimum(tile_lo + per_split, tile_hi)
+    full_lo = tl.minimum(tl.maximum(tl.cdiv(all_lo, TILE), tile_lo), tile_hi)
+    full_hi = tl.minimum(tl.maximum(all_hi // TILE, full_lo), tile_hi)
+
+    acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    table_row_ptr = block_table_ptr + seq.to(tl.int64) * stride_table_seq
+    for part in tl.static_range(3):
+        # part 0: leading masked tiles (window edge), 1: unmasked, 2: trailing masked tiles.
+        if part == 0:
+            lo = tile_lo
+            hi = full_lo
+        elif part == 1:
+            lo = full_lo
+            hi = full_hi
+        else:
+            lo = full_hi
+            hi = tile_hi
+        acc, m_i, l_i = _attend_tiles(
+            acc, m_i, l_i, q, lo, hi,
+            k_ptr, v_ptr, table_row_ptr, kv_head,
+            stride_k_blk, stride_k_pos, stride_k_head, stride_k_dim,
+            stride_v_blk, stride_v_pos, stride_v_head, stride_v_dim,
+            scale, softcap, q_abs, row_valid, seq_len, load_limit,
+            BLOCK_SIZE, TILE, HEAD_SIZE, HEAD_PAD, CAUSAL, WINDOW, USE_SOFTCAP,
+            part != 1, READ_PAST_SEQ_LEN,
+        )  # fmt: skip
+
+    result = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    store_mask = row_valid[:, None] & d_ok[None, :]
+    if NUM_SPLITS == 1:
+        out_ptrs = out_ptr + token[:, None] * stride_o_tok + head[:, None] * stride_o_head + offs_d[None, :]
+        tl.store(out_ptrs, result, mask=store_mask)
+    else:
+        part_rows = partials_ptr + token * stride_p_tok + head * stride_p_head + split * stride_p_split
+        tl.store(part_rows[:, None] + offs_d[None, :], result, mask=store_mask)
+        lse = tl.where(l_i > 0.0, (m_i + tl.log2(tl.maximum(l_i, 1e-30))) * 0.6931471805599453, float("-inf"))
+        tl.store(part_rows + HEAD_SIZE, lse, mask=row_valid)
+
+
+# Decode-only batches are split along the keys until about this many programs run.
+_TARGET_PROGRAMS = 512
+_MIN_KEYS_PER_SPLIT = 512
+
+
+def _default_launch(decode_only: bool, num_programs: int, max_seqlen_k: int) -> Launch:
+    splits = 1
+    if decode_only:
+        splits = max(1, min(_TARGET_PROGRAMS // max(num_programs, 1), max_seqlen_k // _MIN_KEYS_PER_SPLIT))
+        splits = 1 << (splits.bit_length() - 1)
+    return Launch(tile=32, num_warps=4, num_stages=3, num_splits=splits)
+
+
+def _refuse_unsupported(causal: Any, q_descale: Any, extra: dict[str, Any]) -> None:
+    """Raise for every vLLM feature this kernel does not implement, naming it."""
+    if isinstance(causal, torch.Tensor):
+        raise NotImplementedError("unified_attention: per-sequence causal flags (a tensor) are not supported")
+    if q_descale is not None:
+        raise NotImplementedError("unified_attention: fp8 queries (q_descale) are not supported")
+    defaults = {
+        "alibi_slopes": None,
+        "output_scale": None,
+        "qq_bias": None,
+        "sinks": None,
+        "mm_prefix_range": None,
+        "rswa_prefix_lens": None,
+        "rswa_window": None,
+        "use_alibi_sqrt": False,
+        "k_scale_cache": None,
+        "v_scale_cache": None,
+        "chunk_lookback": -1,
+    }
+    for name, default in defaults.items():
+        value = extra[name]
+        if (value is not None) if default is None else (value != default):
+            raise NotImplementedError(f"unified_attention: {name}={value!r} is not supported (expected {default!r})")
+    if int(extra["kv_quant_mode"]) != 0:
+        raise NotImplementedError(
+            f"unified_attention: quantized KV cache (kv_quant_mode={extra['kv_quant_mode']!r}) is not supported"
+        )
+
+
+def _check_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
+    if k.dim() != 4 or v.shape != k.shape:
+        raise ValueError(
+            "unified_attention: k and v must both be [num_blocks, block_size, num_kv_heads, head_size], "
+            f"got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    if q.dim() != 3 or q.shape[2] != k.shape[3] or out.shape != q.shape:
+        raise ValueError(
+            f"unified_attention: q and out must be [num_tokens, num_heads, {k.shape[3]}], "
+            f"got {tuple(q.shape)} and {tuple(out.shape)}"
+        )
+    if q.shape[1] % k.shape[2]:
+        raise ValueError(f"unified_attention: {q.shape[1]} query heads are not a multiple of {k.shape[2]} KV heads")
+    if k.dtype != q.dtype or v.dtype != q.dtype or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise NotImplementedError(
+            f"unified_attention: q/k/v must share one of fp16, bf16, fp32 (fp8 KV is not supported), "
+            f"got {q.dtype}/{k.dtype}/{v.dtype}"
+        )
+    if q.stride(-1) != 1 or out.stride(-1) != 1:
+        raise ValueError("unified_attention: q and out need a contiguous last dimension")
+
+
+def unified_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    max_seqlen_q: int,
+    seqused_k: torch.Tensor,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool | torch.Tensor,
+    window_size: tuple[int, int] | list[int],
+    block_table: torch.Tensor,
+    softcap: float,
+    q_descale: torch.Tensor | None,
+    k_descale: torch.Tensor | None,
+    v_descale: torch.Tensor | None,
+    seq_threshold_3D: int | None = None,
+    num_par_softmax_segments: int | None = None,
+    softmax_segm_output: torch.Tensor | None = None,
+    softmax_segm_max: torch.Tensor | None = None,
+    softmax_segm_expsum: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    output_scale: torch.Tensor | None = None,
+    qq_bias: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    mm_prefix_range: torch.Tensor | None = None,
+    rswa_prefix_lens: torch.Tensor | None = None,
+    rswa_window: int | None = None,
+    use_alibi_sqrt: bool = False,
+    kv_quant_mode: int = 0,
+    k_scale_cache: torch.Tensor | None = None,
+    v_scale_cache: torch.Tensor | None = None,
+    chunk_lookback: int = -1,
+    use_td: bool = False,
+    mm_prefix_clamp_sliding_window: bool = False,
+    *,
+    variant: str = "fixed",
+    config: LaunchConfig | None = None,
+) -> None:
+    """Write attention of ``q`` over the paged ``k``/``v`` cache into ``out``.
+
+    Layouts as in vLLM: q/out ``[num_tokens, num_heads, head_size]``; k/v
+    ``[num_blocks, block_size, num_kv_heads, head_size]`` with any strides; int32
+    ``block_table [num_seqs, max_blocks]``, ``seqused_k [num_seqs]`` and
+    ``cu_seqlens_q [num_seqs + 1]``. ``window_size[0] >= 0`` enables a sliding window of
+    ``window_size[0] + 1`` keys (both sides when non-causal, as in vLLM).
+
+    vLLM's 3D scratch buffers (``seq_threshold_3D``, ``softmax_segm_*``) are accepted and
+    unused: the kernel sizes its own split-KV scratch. ``k_descale``/``v_descale`` only
+    matter for fp8 KV caches, which are refused, so they are ignored (vLLM passes its
+    layer scales of 1.0). ``use_td`` is a load strategy for Intel GPUs with no effect on
+    the result. ``mm_prefix_clamp_sliding_window`` only matters with ``mm_prefix_range``,
+    which is refused. Every other feature vLLM can ask for raises NotImplementedError.
+    ``config`` overrides the launch parameters (benchmarks).
+    """
+    check_variant("unified_attention", variant)
+    _refuse_unsupported(causal, q_descale, dict(locals()))
+    _check_layout(q, k, v, out)
+    num_seqs = seqused_k.shape[0]
+    if cu_seqlens_q.shape[0] != num_seqs + 1 or block_table.shape[0] < num_seqs:
+        raise ValueError(
+            f"unified_attention: cu_seqlens_q needs {num_seqs + 1} entries and block_table {num_seqs} rows, "
+            f"got {cu_seqlens_q.shape[0]} and {block_table.shape[0]}"
+        )
+
+    num_tokens, num_q_heads, head_size = q.shape
+    block_size, num_kv_heads = k.shape[1], k.shape[2]
+    q_per_kv = num_q_heads // num_kv_heads
+    block_m = 16 if q_per_kv <= 16 else triton.next_power_of_2(q_per_kv)
+    block_q = block_m // q_per_kv
+    num_q_blocks = num_tokens // block_q + num_seqs
+    decode_only = max_seqlen_q == 1
+    launch = (config or LaunchConfig()).resolve(_default_launch(decode_only, num_seqs * num_kv_heads, max_seqlen_k))
+    num_splits = launch.num_splits if decode_only else 1
+    window = window_size[0] + 1 if window_size[0] >= 0 else 0
+
+    partials = out
+    if num_splits > 1:
+        partials = torch.empty(
+            (num_tokens, num_q_heads, num_splits, head_size + 1), dtype=torch.float32, device=q.device
+        )
+    _unified_attention_kernel[(num_q_blocks, num_kv_heads, num_splits)](
+        out, partials, q, k, v, block_table, seqused_k, cu_seqlens_q,
+        softmax_scale, softcap, num_seqs,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k.stride(0), k.stride(1), k.stride(2), k.stride(3),
+        v.stride(0), v.stride(1), v.stride(2), v.stride(3),
+        block_table.stride(0),
+        partials.stride(0), partials.stride(1), partials.stride(2) if num_splits > 1 else 0,
+        Q_PER_KV=q_per_kv,
+        BLOCK_SIZE=block_size,
+        TILE=launch.tile,
+        HEAD_SIZE=head_size,
+        HEAD_PAD=max(16, triton.next_power_of_2(head_size)),
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        CAUSAL=bool(causal),
+        WINDOW=window,
+        USE_SOFTCAP=softcap > 0,
+        NUM_SPLITS=num_splits,
+        READ_PAST_SEQ_LEN=variant == "legacy",
+        num_warps=launch.num_warps,
+        num_stages=launch.num_stages,
+    )  # fmt: skip
+    if num_splits > 1:
+        merge_splits(partials, num_splits, out, num_valid_tokens=cu_seqlens_q[num_seqs:])

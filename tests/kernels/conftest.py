@@ -1,0 +1,170 @@
+"""Kernel test set-up: Triton's interpreter on hosts without CUDA, and paged-cache builders.
+
+Triton decides at decoration time whether a function is compiled or interpreted, and that
+includes its own library functions (``tl.max``, ``tl.cdiv``...), decorated when triton is
+first imported. On a host without CUDA this conftest therefore imports triton and the
+kernels with ``TRITON_INTERPRET=1`` and restores the variable straight after (it is set
+again only while a kernel test runs), so no other test and no process started by one
+inherits it. If something imported triton compiled before this conftest ran, the
+interpreter cannot be had in this process: the CPU kernel tests then skip and say to run
+``python -m pytest tests/kernels`` on its own.
+"""
+
+import contextlib
+import importlib
+import mmap
+import os
+import sys
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+_KERNEL_MODULES = ("kernels._split_kv", "kernels.unified_attention", "kernels.decode_attention")
+
+
+def _triton_interprets() -> bool:
+    import triton.language.standard
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(triton.language.standard.cdiv, InterpretedFunction)
+
+
+def _import_kernels_interpreted() -> str | None:
+    """Import triton and the kernels interpreted; the reason it is impossible, if it is."""
+    if "triton" in sys.modules and not _triton_interprets():
+        return (
+            "triton was imported compiled earlier in this process, so Triton's interpreter is "
+            "unavailable: run the kernel tests in their own process, python -m pytest tests/kernels"
+        )
+    previous = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        from kernels.unified_attention import _unified_attention_kernel
+
+        if not isinstance(_unified_attention_kernel, InterpretedFunction):
+            for name in _KERNEL_MODULES:
+                sys.modules.pop(name, None)
+            importlib.reload(sys.modules["kernels"])
+    finally:
+        if previous is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
+    return None
+
+
+INTERPRETER_UNAVAILABLE = None if ON_GPU else _import_kernels_interpreted()
+
+
+@pytest.fixture(autouse=True)
+def _kernel_runtime(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton imports some modules lazily at the first launch and checks the variable then:
+    keep it set while a kernel test runs."""
+    if ON_GPU:
+        return
+    if INTERPRETER_UNAVAILABLE and request.node.get_closest_marker("gpu") is None:
+        pytest.skip(INTERPRETER_UNAVAILABLE)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def gen(request: pytest.FixtureRequest) -> torch.Generator:
+    """A generator seeded from the test id: fresh inputs for every case, reproducible."""
+    return torch.Generator(device=DEVICE).manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+def randn(gen: torch.Generator, *shape: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen, device=DEVICE, dtype=torch.float32).to(dtype)
+
+
+def nan_like(t: torch.Tensor) -> torch.Tensor:
+    """A buffer of ``t``'s shape and dtype full of NaN: every element a kernel fails to
+    write stays NaN."""
+    return torch.full_like(t, float("nan"))
+
+
+@dataclass
+class PagedCache:
+    """A KV cache in vLLM's layout with each sequence's pages at shuffled ids.
+
+    Slots at or past a sequence's length in its last page, and the pages its table points
+    to past that page, hold NaN: the state of a cache whose tail was never written.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+
+
+def paged_cache(
+    gen: torch.Generator,
+    seq_lens: list[int],
+    block_size: int,
+    num_kv_heads: int,
+    head_size: int,
+    dtype: torch.dtype,
+    spare_pages_per_seq: int = 2,
+) -> PagedCache:
+    """k/v are the two halves of one ``[blocks, 2, block_size, heads, head]`` tensor, so
+    their block stride is twice a half's size, as vLLM's TRITON_ATTN cache."""
+    pages_per_seq = [-(-n // block_size) + spare_pages_per_seq for n in seq_lens]
+    num_blocks = sum(pages_per_seq) + 3
+    kv = randn(gen, num_blocks, 2, block_size, num_kv_heads, head_size, dtype=dtype)
+    order = torch.randperm(num_blocks, generator=gen, device=DEVICE).to(torch.int32)
+    table = torch.zeros((len(seq_lens), max(pages_per_seq)), dtype=torch.int32, device=DEVICE)
+    taken = 0
+    for seq, (length, pages) in enumerate(zip(seq_lens, pages_per_seq, strict=True)):
+        ids = order[taken : taken + pages]
+        taken += pages
+        table[seq, :pages] = ids
+        table[seq, pages:] = ids[-1]
+        for index, page in enumerate(ids.tolist()):
+            first_unwritten = length - index * block_size
+            if first_unwritten < block_size:
+                kv[page, :, max(first_unwritten, 0) :] = float("nan")
+    k, v = kv.unbind(1)
+    seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    return PagedCache(k=k, v=v, block_table=table, seq_lens=seq_lens_t)
+
+
+def cu_seqlens(query_lens: list[int]) -> torch.Tensor:
+    starts = [0]
+    for n in query_lens:
+        starts.append(starts[-1] + n)
+    return torch.tensor(starts, dtype=torch.int32, device=DEVICE)
+
+
+_MAP_NORESERVE = 0x4000  # Linux: do not reserve swap; untouched pages cost no memory.
+
+
+@pytest.fixture
+def lazy_buffer() -> Iterator[object]:
+    """Factory of a huge fp16 CPU buffer whose memory exists only where it is written.
+
+    The int32-wrap cases need page ids whose offset passes 2^31 elements; an anonymous
+    mapping commits only the pages touched, so a 12 GiB view costs a few MiB. Skips where
+    the host refuses such a mapping (strict overcommit).
+    """
+    maps: list[mmap.mmap] = []
+
+    def make(num_elements: int) -> torch.Tensor:
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
+        try:
+            region = mmap.mmap(-1, num_elements * 2, flags=flags)
+        except OSError as exc:
+            pytest.skip(f"this host refuses a lazy {num_elements * 2 >> 30} GiB mapping: {exc}")
+        maps.append(region)
+        return torch.frombuffer(region, dtype=torch.float16)
+
+    yield make
+    for region in maps:
+        with contextlib.suppress(BufferError):  # a tensor still views it: freed with the tensor
+            region.close()
