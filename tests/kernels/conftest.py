@@ -16,7 +16,7 @@ import mmap
 import os
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -90,13 +90,43 @@ def nan_like(t: torch.Tensor) -> torch.Tensor:
     return torch.full_like(t, float("nan"))
 
 
+def shuffled_pages(
+    gen: torch.Generator, seq_lens: list[int], page_size: int, spare_pages: int = 2
+) -> tuple[list[list[int]], int]:
+    """Page ids per sequence (its pages plus ``spare_pages`` past its end) drawn from a
+    shuffled pool, and the pool size."""
+    counts = [-(-n // page_size) + spare_pages for n in seq_lens]
+    num_pages = sum(counts) + 3
+    order = torch.randperm(num_pages, generator=gen, device=DEVICE).tolist()
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    return [order[start : start + count] for start, count in zip(starts, counts, strict=True)], num_pages
+
+
+def block_table(pages: list[list[int]]) -> torch.Tensor:
+    """int32 table; entries past a sequence's pages repeat its last page. Wider than any
+    sequence needs, as vLLM's (sized for the longest context): the legacy twin reads
+    entries for a whole tile."""
+    width = max(len(ids) for ids in pages) + 8
+    rows = [ids + [ids[-1]] * (width - len(ids)) for ids in pages]
+    return torch.tensor(rows, dtype=torch.int32, device=DEVICE)
+
+
+def fill_unwritten(caches: list[torch.Tensor], pages: list[list[int]], seq_lens: list[int]) -> None:
+    """NaN into every slot at or past each sequence's length: the tail of its last page and
+    the pages past it. ``caches`` are page-major ``[pages, page_size, ...]`` views."""
+    page_size = caches[0].shape[1]
+    for ids, length in zip(pages, seq_lens, strict=True):
+        for index, page in enumerate(ids):
+            first_unwritten = length - index * page_size
+            if first_unwritten < page_size:
+                for cache in caches:
+                    cache[page, max(first_unwritten, 0) :] = float("nan")
+
+
 @dataclass
 class PagedCache:
-    """A KV cache in vLLM's layout with each sequence's pages at shuffled ids.
-
-    Slots at or past a sequence's length in its last page, and the pages its table points
-    to past that page, hold NaN: the state of a cache whose tail was never written.
-    """
+    """A KV cache in vLLM's TRITON_ATTN layout with each sequence's pages at shuffled ids,
+    NaN in every slot at or past its length (a cache whose tail was never written)."""
 
     k: torch.Tensor
     v: torch.Tensor
@@ -105,34 +135,15 @@ class PagedCache:
 
 
 def paged_cache(
-    gen: torch.Generator,
-    seq_lens: list[int],
-    block_size: int,
-    num_kv_heads: int,
-    head_size: int,
-    dtype: torch.dtype,
-    spare_pages_per_seq: int = 2,
+    gen: torch.Generator, seq_lens: list[int], block_size: int, num_kv_heads: int, head_size: int, dtype: torch.dtype
 ) -> PagedCache:
     """k/v are the two halves of one ``[blocks, 2, block_size, heads, head]`` tensor, so
-    their block stride is twice a half's size, as vLLM's TRITON_ATTN cache."""
-    pages_per_seq = [-(-n // block_size) + spare_pages_per_seq for n in seq_lens]
-    num_blocks = sum(pages_per_seq) + 3
-    kv = randn(gen, num_blocks, 2, block_size, num_kv_heads, head_size, dtype=dtype)
-    order = torch.randperm(num_blocks, generator=gen, device=DEVICE).to(torch.int32)
-    table = torch.zeros((len(seq_lens), max(pages_per_seq)), dtype=torch.int32, device=DEVICE)
-    taken = 0
-    for seq, (length, pages) in enumerate(zip(seq_lens, pages_per_seq, strict=True)):
-        ids = order[taken : taken + pages]
-        taken += pages
-        table[seq, :pages] = ids
-        table[seq, pages:] = ids[-1]
-        for index, page in enumerate(ids.tolist()):
-            first_unwritten = length - index * block_size
-            if first_unwritten < block_size:
-                kv[page, :, max(first_unwritten, 0) :] = float("nan")
-    k, v = kv.unbind(1)
-    seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
-    return PagedCache(k=k, v=v, block_table=table, seq_lens=seq_lens_t)
+    their block stride is twice a half's size."""
+    pages, num_blocks = shuffled_pages(gen, seq_lens, block_size)
+    k, v = randn(gen, num_blocks, 2, block_size, num_kv_heads, head_size, dtype=dtype).unbind(1)
+    fill_unwritten([k, v], pages, seq_lens)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    return PagedCache(k=k, v=v, block_table=block_table(pages), seq_lens=lens)
 
 
 def cu_seqlens(query_lens: list[int]) -> torch.Tensor:
@@ -146,16 +157,19 @@ _MAP_NORESERVE = 0x4000  # Linux: do not reserve swap; untouched pages cost no m
 
 
 @pytest.fixture
-def lazy_buffer() -> Iterator[object]:
-    """Factory of a huge fp16 CPU buffer whose memory exists only where it is written.
+def huge_buffer() -> Iterator[Callable[[int], torch.Tensor]]:
+    """Factory of a flat fp16 buffer of more than 2^31 elements, cheap on a CPU host.
 
-    The int32-wrap cases need page ids whose offset passes 2^31 elements; an anonymous
-    mapping commits only the pages touched, so a 12 GiB view costs a few MiB. Skips where
-    the host refuses such a mapping (strict overcommit).
+    The int32-wrap cases need page offsets past 2^31 elements. On a CPU host the buffer is
+    an anonymous mapping that commits only the pages written, so a 12 GiB buffer costs a
+    few MiB (the test skips where the host refuses such a mapping: strict overcommit). On
+    a GPU host it is plain device memory.
     """
     maps: list[mmap.mmap] = []
 
     def make(num_elements: int) -> torch.Tensor:
+        if ON_GPU:
+            return torch.empty(num_elements, dtype=torch.float16, device=DEVICE)
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
         try:
             region = mmap.mmap(-1, num_elements * 2, flags=flags)

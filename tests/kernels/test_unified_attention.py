@@ -4,6 +4,7 @@ On a host without CUDA these run in Triton's interpreter (see conftest); tests m
 repeat them at real sizes on a GPU host.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +13,17 @@ import torch
 
 from kernels import LaunchConfig, unified_attention
 from kernels.reference import relative_error, unified_attention_reference
-from tests.kernels.conftest import DEVICE, ON_GPU, cu_seqlens, nan_like, paged_cache, randn
+from tests.kernels.conftest import (
+    DEVICE,
+    ON_GPU,
+    PagedCache,
+    block_table,
+    cu_seqlens,
+    fill_unwritten,
+    nan_like,
+    paged_cache,
+    randn,
+)
 
 DTYPES = [torch.float16, torch.bfloat16] if ON_GPU else [torch.float16]  # the interpreter's bf16 dot is wrong
 needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (a GPU host runs scripts/gpu/kernel_tests.sh)")
@@ -48,6 +59,12 @@ CASES = [
 def run_case(case: Case, causal: bool, dtype: torch.dtype, gen: torch.Generator, variant: str = "fixed") -> float:
     """Relative error of one call against the reference; NaN if any output is not finite."""
     cache = paged_cache(gen, case.seq_lens, case.block_size, case.num_kv_heads, case.head_size, dtype)
+    return run_on_cache(case, cache, causal, dtype, gen, variant)
+
+
+def run_on_cache(
+    case: Case, cache: PagedCache, causal: bool, dtype: torch.dtype, gen: torch.Generator, variant: str
+) -> float:
     q = randn(gen, sum(case.query_lens), case.num_heads, case.head_size, dtype=dtype)
     out = nan_like(q)
     cu = cu_seqlens(case.query_lens)
@@ -102,6 +119,27 @@ def test_nan_tail_poisons_legacy_noncausal_only(case: Case, gen: torch.Generator
     starts = cu.tolist()
     poisoned = [not torch.isfinite(out[starts[i] : starts[i + 1]]).all() for i in range(len(case.seq_lens))]
     assert all(poisoned)
+
+
+@pytest.mark.parametrize("variant", ["fixed", "legacy"])
+def test_block_ids_past_int32_offsets(
+    huge_buffer: Callable[[int], torch.Tensor], variant: str, gen: torch.Generator
+) -> None:
+    """Block ids whose offsets pass 2^31 elements: the unified kernel indexes blocks in
+    int64 in both variants (it never had the decode kernel's wrap)."""
+    case = Case("huge_block_ids", [1, 3], [20, 40])
+    block_elements = 2 * case.block_size * case.num_kv_heads * case.head_size
+    first = 2**31 // block_elements + 1
+    pages = [[3, first], [first + 5, first + 1, 7]]
+    num_blocks = first + 6
+    kv = huge_buffer(num_blocks * block_elements).view(num_blocks, 2, case.block_size, case.num_kv_heads, -1)
+    for page in {p for ids in pages for p in ids}:
+        kv[page] = randn(gen, *kv.shape[1:], dtype=torch.float16)
+    k, v = kv.unbind(1)
+    fill_unwritten([k, v], pages, case.seq_lens)
+    lens = torch.tensor(case.seq_lens, dtype=torch.int32, device=DEVICE)
+    cache = PagedCache(k=k, v=v, block_table=block_table(pages), seq_lens=lens)
+    assert run_on_cache(case, cache, True, torch.float16, gen, variant) < 1e-2
 
 
 def _tensor() -> torch.Tensor:

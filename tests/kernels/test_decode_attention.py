@@ -1,0 +1,243 @@
+"""kernels.decode_attention_fwd against the float64 reference: MHA, GQA, MLA, and the int32
+page-offset wrap (page ids past 2^31 / page stride).
+
+On a host without CUDA these run in Triton's interpreter (see conftest); tests marked gpu
+repeat them at real sizes on a GPU host.
+"""
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels import LaunchConfig, decode_attention_fwd
+from kernels.reference import decode_attention_reference, relative_error
+from tests.kernels.conftest import (
+    DEVICE,
+    ON_GPU,
+    block_table,
+    fill_unwritten,
+    randn,
+    shuffled_pages,
+)
+
+needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (a GPU host runs scripts/gpu/kernel_tests.sh)")
+
+# Kimi-Linear's MLA cache: 480-token pages of 576-wide latents, 276,480 elements a page, so
+# page ids from 7,768 on put a page's offset past 2^31.
+KIMI_PAGE_SIZE = 480
+KIMI_PAGE_STRIDE = KIMI_PAGE_SIZE * 576
+FIRST_WRAPPING_PAGE = 2**31 // KIMI_PAGE_STRIDE + 1
+assert FIRST_WRAPPING_PAGE == 7768
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    seq_lens: list[int]
+    num_heads: int
+    num_kv_heads: int
+    lk: int
+    lv: int
+    page_size: int
+    is_mla: bool = False
+    num_kv_splits: int = 4
+    logit_cap: float = 0.0
+    packed: bool = False  # pages packed along the token axis: [tokens, heads, dim]
+    config: LaunchConfig | None = None
+
+
+CASES = [
+    Case("mha_page16", [5, 40, 17], 4, 4, 64, 64, 16),
+    Case("gqa_page1", [9, 33], 8, 2, 128, 128, 1),
+    Case("gqa_page7_packed", [50, 13, 1], 8, 2, 64, 64, 7, packed=True),
+    Case("head80_logit_cap", [30, 21], 4, 2, 80, 80, 16, logit_cap=0.5),
+    Case("mla_page16", [33, 70], 16, 1, 576, 512, 16, is_mla=True),
+    Case(
+        "mla_empty_splits",
+        [20, 3],
+        16,
+        1,
+        576,
+        512,
+        16,
+        is_mla=True,
+        num_kv_splits=8,
+        config=LaunchConfig(num_splits=8),
+    ),
+    Case(
+        "mla_one_split_tile64", [90, 65], 16, 1, 576, 512, 32, is_mla=True, config=LaunchConfig(num_splits=1, tile=64)
+    ),
+]
+
+
+def make_cache(
+    case: Case, dtype: torch.dtype, gen: torch.Generator, pages: list[list[int]], num_pages: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """k/v buffers in the layout vLLM hands the kernel; with MLA, v is k's leading columns."""
+    k = randn(gen, num_pages, case.page_size, case.num_kv_heads, case.lk, dtype=dtype)
+    v = k[..., : case.lv] if case.is_mla else randn(gen, *k.shape[:-1], case.lv, dtype=dtype)
+    fill_unwritten([k] if case.is_mla else [k, v], pages, case.seq_lens)
+    if case.packed:
+        return k.flatten(0, 1), v.flatten(0, 1)
+    return k, v
+
+
+def run(
+    case: Case,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    table: torch.Tensor,
+    dtype: torch.dtype,
+    gen: torch.Generator,
+    variant: str,
+) -> tuple[float, float]:
+    """Relative errors of (o, lse) against the reference, from outputs poisoned with NaN."""
+    batch = len(case.seq_lens)
+    q = randn(gen, batch, case.num_heads, case.lk, dtype=dtype)
+    o = torch.full((batch, case.num_heads, case.lv), float("nan"), dtype=dtype, device=DEVICE)
+    lse = torch.full((batch, case.num_heads), float("nan"), device=DEVICE)
+    logits = torch.full((batch, case.num_heads, case.num_kv_splits, case.lv + 1), float("nan"), device=DEVICE)
+    seq_lens = torch.tensor(case.seq_lens, dtype=torch.int32, device=DEVICE)
+    scale = case.lk**-0.5
+    decode_attention_fwd(
+        q, k, v, o, lse, table, seq_lens, logits, case.num_kv_splits, scale, case.page_size, case.logit_cap,
+        None, None, case.is_mla, variant=variant, config=case.config,
+    )  # fmt: skip
+    ref_o, ref_lse = decode_attention_reference(q, k, v, table, seq_lens, scale, case.page_size, case.logit_cap)
+    return relative_error(o, ref_o), relative_error(lse, ref_lse)
+
+
+@pytest.mark.parametrize("variant", ["fixed", "legacy"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_matches_reference_with_nan_tail(case: Case, variant: str, gen: torch.Generator) -> None:
+    """Small page ids: both variants are right, whatever the unwritten tail holds."""
+    pages, num_pages = shuffled_pages(gen, case.seq_lens, case.page_size)
+    k, v = make_cache(case, torch.float16, gen, pages, num_pages)
+    err_o, err_lse = run(case, k, v, block_table(pages), torch.float16, gen, variant)
+    assert err_o < 1e-2
+    assert err_lse < 1e-3
+
+
+def kimi_cache(
+    case: Case, dtype: torch.dtype, gen: torch.Generator, pages: list[list[int]], buffer: torch.Tensor, offset: int
+) -> torch.Tensor:
+    """Kimi-geometry k buffer viewed at element ``offset`` of ``buffer``; only the pages in
+    ``pages`` are written."""
+    num_pages = max(max(ids) for ids in pages) + 1
+    k = buffer[offset : offset + num_pages * KIMI_PAGE_STRIDE].view(num_pages, KIMI_PAGE_SIZE, 1, 576)
+    for ids in pages:
+        for page in ids:
+            k[page] = randn(gen, KIMI_PAGE_SIZE, 1, 576, dtype=dtype)
+    fill_unwritten([k], pages, case.seq_lens)
+    return k
+
+
+KIMI_SMALL = Case("kimi_mla_small", [700, 1000], 16, 1, 576, 512, KIMI_PAGE_SIZE, is_mla=True)
+KIMI_SMALL_PAGES = [[5, FIRST_WRAPPING_PAGE], [FIRST_WRAPPING_PAGE - 1, 9000, 15000]]
+
+
+def test_page_offsets_past_int32(huge_buffer: Callable[[int], torch.Tensor], gen: torch.Generator) -> None:
+    """Page ids 7,767 to 15,000 with Kimi's 276,480-element pages: the fixed kernel reads
+    them right; the legacy twin's int32 offsets wrap 4 Gi elements back and read other
+    memory. The buffer starts 2^31 elements before the cache so that wrapped reads land in
+    it (on a GPU they would fault and take the process down)."""
+    offset = 2**31
+    num_elements = offset + (max(map(max, KIMI_SMALL_PAGES)) + 1) * KIMI_PAGE_STRIDE
+    k = kimi_cache(KIMI_SMALL, torch.float16, gen, KIMI_SMALL_PAGES, huge_buffer(num_elements), offset)
+    table = block_table(KIMI_SMALL_PAGES)
+    err_fixed, _ = run(KIMI_SMALL, k, k[..., :512], table, torch.float16, gen, "fixed")
+    err_legacy, _ = run(KIMI_SMALL, k, k[..., :512], table, torch.float16, gen, "legacy")
+    assert err_fixed < 1e-2
+    assert not err_legacy < 0.1  # NaN (non-finite) counts as wrong too
+
+
+def test_refuses_what_it_does_not_implement() -> None:
+    q = torch.zeros(1, 4, 64, dtype=torch.float16)
+    k = torch.zeros(2, 16, 4, 64, dtype=torch.float16)
+    v = torch.zeros(2, 16, 4, 64, dtype=torch.float16)
+    tail = (torch.zeros(1, 4), torch.zeros(1, 2, dtype=torch.int32), torch.ones(1, dtype=torch.int32))
+    logits = torch.zeros(1, 4, 2, 65)
+    with pytest.raises(ValueError, match="variant"):
+        decode_attention_fwd(q, k, v, q.clone(), *tail, logits, 2, 0.1, 16, variant="stock")
+    with pytest.raises(NotImplementedError, match="k_scale"):
+        decode_attention_fwd(q, k, v, q.clone(), *tail, logits, 2, 0.1, 16, k_scale=0.5)
+    with pytest.raises(NotImplementedError, match="fp8"):
+        decode_attention_fwd(q, k.to(torch.float8_e4m3fn), v, q.clone(), *tail, logits, 2, 0.1, 16)
+    with pytest.raises(ValueError, match="attn_logits"):
+        decode_attention_fwd(q, k, v, q.clone(), *tail, logits, 3, 0.1, 16)
+    with pytest.raises(ValueError, match="is_mla"):
+        decode_attention_fwd(q, k, v, q.clone(), *tail, logits, 2, 0.1, 16, is_mla=True)
+
+
+# GPU host: real sizes.
+KIMI_REAL = Case(
+    "kimi_mla_real", [7000, 5000, 2400, 8100], 16, 1, 576, 512, KIMI_PAGE_SIZE, is_mla=True, num_kv_splits=16
+)
+GQA_REAL = Case("gqa_real", [8192 - 7 * i for i in range(16)], 32, 8, 128, 128, 16, num_kv_splits=16)
+MLA_REAL = Case("mla_page64_8k", [8192 - 5 * i for i in range(32)], 16, 1, 576, 512, 64, is_mla=True, num_kv_splits=16)
+
+
+def kimi_real_pages(gen: torch.Generator) -> list[list[int]]:
+    """Every page id at or past 7,768, shuffled; one sequence also keeps low ids."""
+    counts = [-(-n // KIMI_PAGE_SIZE) for n in KIMI_REAL.seq_lens]
+    ids = (FIRST_WRAPPING_PAGE + torch.randperm(sum(counts) + 8, generator=gen, device=DEVICE)).tolist()
+    pages = [ids[sum(counts[:i]) : sum(counts[: i + 1])] for i in range(len(counts))]
+    pages[-1][:3] = [1, 2, 3]
+    return pages
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_real_size_kimi_page_ids(
+    huge_buffer: Callable[[int], torch.Tensor], dtype: torch.dtype, gen: torch.Generator
+) -> None:
+    pages = kimi_real_pages(gen)
+    num_elements = (max(map(max, pages)) + 1) * KIMI_PAGE_STRIDE
+    k = kimi_cache(KIMI_REAL, dtype, gen, pages, huge_buffer(num_elements), 0)
+    err_o, err_lse = run(KIMI_REAL, k, k[..., :512], block_table(pages), dtype, gen, "fixed")
+    assert err_o < 1e-2
+    assert err_lse < 1e-2
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_real_size_kimi_legacy_faults() -> None:
+    """The legacy twin on the same geometry, in its own process (a fault ends the CUDA
+    context): it must not finish with the right answer."""
+    script = textwrap.dedent(
+        """
+        import torch
+        from tests.kernels import test_decode_attention as t
+        gen = torch.Generator(device="cuda").manual_seed(7)
+        pages = t.kimi_real_pages(gen)
+        buffer = torch.empty((max(map(max, pages)) + 1) * t.KIMI_PAGE_STRIDE, dtype=torch.bfloat16, device="cuda")
+        k = t.kimi_cache(t.KIMI_REAL, torch.bfloat16, gen, pages, buffer, 0)
+        err, _ = t.run(t.KIMI_REAL, k, k[..., :512], t.block_table(pages), torch.bfloat16, gen, "legacy")
+        torch.cuda.synchronize()
+        print("legacy relative error", err)
+        raise SystemExit(0 if err < 1e-2 else 3)
+        """
+    )
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", script], cwd=repo, capture_output=True, text=True, timeout=600)
+    print(done.stdout[-2000:], done.stderr[-2000:])
+    assert done.returncode != 0
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("variant", ["fixed", "legacy"])
+@pytest.mark.parametrize("case", [GQA_REAL, MLA_REAL], ids=lambda c: c.name)
+def test_real_sizes_match_reference(case: Case, variant: str, gen: torch.Generator) -> None:
+    pages, num_pages = shuffled_pages(gen, case.seq_lens, case.page_size)
+    k, v = make_cache(case, torch.bfloat16, gen, pages, num_pages)
+    err_o, err_lse = run(case, k, v, block_table(pages), torch.bfloat16, gen, variant)
+    assert err_o < 1e-2
+    assert err_lse < 1e-2
