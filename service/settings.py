@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -24,6 +25,8 @@ class Settings(BaseSettings):
     public_url: str | None = Field(None, description="Base URL used in links (alerts, CLI output)")
     read_auth: bool = Field(False, description="Require a token (any role) to read the API and dashboard")
     start_worker: bool = Field(True, description="Run the local executor inside `kvcanary serve`")
+    executor: Literal["local", "ray"] = Field("local", description="Where runs execute: here, or on a Ray cluster")
+    ray_address: str | None = Field(None, description="Ray cluster to hand runs to, e.g. `head:6379` or `auto`")
     worker_poll_s: float = Field(1.0, gt=0)
     max_body_bytes: int = Field(64 * 1024, gt=0)
     nightly: bool = Field(False, description="Switch on the profiles' nightly schedules (a GPU host sets it)")
