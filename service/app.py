@@ -10,9 +10,9 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service import baselines
+from service import baselines, dashboard
 from service.alerting.watcher import AlertWatcher
-from service.api import catalog, ops, runs, schedules
+from service.api import catalog, compare, ops, runs, schedules
 from service.db.migrate import upgrade
 from service.db.session import session_scope
 from service.profiles import load_profiles
@@ -98,6 +98,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(runs.router)
     app.include_router(catalog.router)
     app.include_router(ops.router)
+    app.include_router(compare.router)
+    dashboard.install(app)
     app.include_router(schedules.router)
 
     @app.middleware("http")

@@ -1,0 +1,100 @@
+"""Who reads the dashboard: the same token rules as the API, with a login form instead of a 401.
+
+The login form stores the token in the `kvcanary_token` cookie, which `require()` reads when
+no bearer header is sent, so the pages and the JSON API their scripts call agree on who the
+reader is. The cookie is HttpOnly and SameSite=Strict: scripts cannot read it, and another
+site cannot make a browser send it along with a promote or baseline edit.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+from urllib.parse import parse_qs, quote
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from service.api.deps import ANONYMOUS, Caller, SessionDep, SettingsDep, require
+from service.auth import Role, lookup
+from service.dashboard.render import page
+
+COOKIE = "kvcanary_token"
+COOKIE_MAX_AGE_S = 30 * 24 * 3600
+MAX_FORM_BYTES = 4096
+
+router = APIRouter(include_in_schema=False)
+_viewer = require(Role.VIEWER)
+
+
+class LoginRequired(Exception):
+    """Raised by page dependencies; the handler sends the browser to the login form."""
+
+    def __init__(self, next_url: str, reason: str) -> None:
+        super().__init__(reason)
+        self.next_url = next_url
+        self.reason = reason
+
+
+def page_caller(request: Request, settings: SettingsDep, session: SessionDep) -> Caller:
+    """The reader of a page: the API's viewer check, on the login cookie only."""
+    try:
+        return _viewer(request, None, settings, session)
+    except HTTPException as exc:
+        if exc.status_code == status.HTTP_401_UNAUTHORIZED:
+            target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            raise LoginRequired(target, str(exc.detail)) from exc
+        raise
+
+
+PageCaller = Annotated[Caller, Depends(page_caller)]
+
+
+def login_redirect(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, LoginRequired)
+    response = RedirectResponse(f"/login?next={quote(exc.next_url)}", status.HTTP_303_SEE_OTHER)
+    if COOKIE in request.cookies:
+        response.delete_cookie(COOKIE)  # the stored token no longer works; ask for a new one
+    return response
+
+
+def safe_next(target: str | None) -> str:
+    """Only a path on this site: never `//host` or a full URL someone slipped into the link."""
+    if not target or not target.startswith("/") or target.startswith(("//", "/\\")):
+        return "/runs"
+    return target
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_form(request: Request, next_url: Annotated[str | None, Query(alias="next")] = None) -> HTMLResponse:
+    return page(request, "login.html", ANONYMOUS, next=safe_next(next_url), error="")
+
+
+@router.post("/login", response_class=HTMLResponse)
+async def login(request: Request, session: SessionDep) -> Response:
+    body = await request.body()
+    if len(body) > MAX_FORM_BYTES:
+        raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, f"login form over {MAX_FORM_BYTES} bytes")
+    form = parse_qs(body.decode("utf-8", errors="replace"))
+    token = (form.get("token") or [""])[0].strip()
+    target = safe_next((form.get("next") or [""])[0])
+    row = lookup(session, token) if token else None
+    if row is None:
+        error = "That token is unknown or revoked. Ask an admin for one (`kvcanary tokens create --role viewer`)."
+        return page(request, "login.html", ANONYMOUS, status.HTTP_401_UNAUTHORIZED, next=target, error=error)
+    response = RedirectResponse(target, status.HTTP_303_SEE_OTHER)
+    response.set_cookie(
+        COOKIE,
+        token,
+        max_age=COOKIE_MAX_AGE_S,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+    return response
+
+
+@router.post("/logout")
+def logout() -> Response:
+    response = RedirectResponse("/runs", status.HTTP_303_SEE_OTHER)
+    response.delete_cookie(COOKIE)
+    return response

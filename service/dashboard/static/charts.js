@@ -1,0 +1,74 @@
+// Profile page: one plotly trend chart per metric. Points are runs (error bars: their CI),
+// coloured by verdict; the baseline and pass line in force at each run bound the shaded
+// tolerance band, extended to today with the current baseline. A click opens the run.
+"use strict";
+(() => {
+  const COLOURS = {
+    pass: "#1a7f37", fail: "#cf222e", inconclusive: "#9a6700", no_baseline: "#6e7781", none: "#8250df",
+  };
+  const LABELS = { none: "no verdict (A/B control)" };
+  const series = JSON.parse(document.getElementById("trend-data").textContent);
+
+  function bandTraces(s) {
+    const withBand = s.points.filter((p) => p.baseline !== null && p.threshold !== null);
+    const xs = withBand.map((p) => p.at);
+    const base = withBand.map((p) => p.baseline);
+    const pass = withBand.map((p) => p.threshold);
+    if (s.current) {
+      const first = s.points.length ? s.points[0].at : new Date().toISOString();
+      if (!xs.length) { xs.push(first); base.push(s.current.value); pass.push(s.current.threshold); }
+      xs.push(new Date().toISOString());
+      base.push(s.current.value);
+      pass.push(s.current.threshold);
+    }
+    if (!xs.length) return [];
+    const line = { shape: "hv", width: 1.5 };
+    return [
+      { name: "pass line", x: xs, y: pass, mode: "lines", line: { ...line, color: "#bf8700", dash: "dot" },
+        hovertemplate: "pass line %{y:.4f}<extra></extra>" },
+      { name: "baseline", x: xs, y: base, mode: "lines", line: { ...line, color: "#57606a" },
+        fill: "tonexty", fillcolor: "rgba(191,135,0,0.12)", hovertemplate: "baseline %{y:.4f}<extra></extra>" },
+    ];
+  }
+
+  function pointTraces(s) {
+    const byVerdict = new Map();
+    for (const p of s.points) {
+      if (!byVerdict.has(p.verdict)) byVerdict.set(p.verdict, []);
+      byVerdict.get(p.verdict).push(p);
+    }
+    const arms = new Set(s.points.map((p) => p.arm));
+    return [...byVerdict].map(([verdict, pts]) => ({
+      name: LABELS[verdict] || verdict.replaceAll("_", " "),
+      x: pts.map((p) => p.at),
+      y: pts.map((p) => p.value),
+      customdata: pts.map((p) => p.run_id),
+      text: pts.map((p) => `run #${p.run_id}${arms.size > 1 ? ` arm ${p.arm}` : ""}${p.git_sha ? ` @ ${p.git_sha}` : ""}`),
+      mode: "markers",
+      marker: { color: COLOURS[verdict] || COLOURS.none, size: 9, symbol: pts.map((p) => (p.arm === [...arms][0] ? "circle" : "diamond")) },
+      error_y: {
+        type: "data", symmetric: false, color: COLOURS[verdict] || COLOURS.none, thickness: 1, width: 3,
+        array: pts.map((p) => (p.ci_high === null ? 0 : p.ci_high - p.value)),
+        arrayminus: pts.map((p) => (p.ci_low === null ? 0 : p.value - p.ci_low)),
+      },
+      hovertemplate: `%{text}<br>%{y:.4f} (${verdict.replaceAll("_", " ")})<br>%{x}<extra></extra>`,
+    }));
+  }
+
+  series.forEach((s, index) => {
+    const el = document.querySelector(`[data-series="${index}"]`);
+    const layout = {
+      title: { text: `${s.suite} · ${s.metric} (${s.direction} is better)`, font: { size: 14 } },
+      margin: { l: 60, r: 20, t: 40, b: 40 },
+      hovermode: "closest",
+      xaxis: { type: "date" },
+      yaxis: { title: { text: s.metric }, tickformat: ".3f" },
+      legend: { orientation: "h", y: -0.15 },
+    };
+    Plotly.newPlot(el, [...bandTraces(s), ...pointTraces(s)], layout, { displaylogo: false, responsive: true });
+    el.on("plotly_click", (event) => {
+      const runId = event.points[0] && event.points[0].customdata;
+      if (runId) location.href = `/runs/${runId}`;
+    });
+  });
+})();

@@ -1,0 +1,134 @@
+"""Read queries only the dashboard needs: profile overviews, metric trends, per-suite sample counts.
+
+Each is one or two indexed queries whose size does not grow with the number of stored runs
+(trends read the newest `last` runs of one profile), so pages stay fast on a large history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import case, func, select
+from sqlalchemy.orm import Session
+
+from evals.verdict import Baseline, threshold
+from service.baselines import list_baselines
+from service.db.models import Run, SuiteResult
+from service.db.models import Sample as SampleRow
+from service.schemas import BaselineOut
+
+
+@dataclass(frozen=True)
+class ProfileOverview:
+    name: str
+    runs: int
+    last_run: Run | None
+    loaded: bool
+
+
+def profile_names(session: Session, loaded: list[str]) -> list[str]:
+    """Profiles the service knows now and those only old runs remember."""
+    seen = set(session.scalars(select(Run.profile).distinct()))
+    return sorted(seen | set(loaded))
+
+
+def profile_overviews(session: Session, loaded: list[str]) -> list[ProfileOverview]:
+    counts = dict(session.execute(select(Run.profile, func.count()).group_by(Run.profile)).tuples().all())
+    newest_ids = session.scalars(select(func.max(Run.id)).group_by(Run.profile)).all()
+    newest = {run.profile: run for run in session.scalars(select(Run).where(Run.id.in_(newest_ids)))}
+    return [
+        ProfileOverview(name, counts.get(name, 0), newest.get(name), name in loaded)
+        for name in sorted(set(counts) | set(loaded))
+    ]
+
+
+def current_threshold(baseline: BaselineOut) -> float | None:
+    direction: Literal["higher", "lower"] = "lower" if baseline.direction == "lower" else "higher"
+    kind: Literal["absolute", "relative"] = "relative" if baseline.tolerance_kind == "relative" else "absolute"
+    return threshold(Baseline(baseline.value, direction, kind, baseline.tolerance))
+
+
+def _point(row: SuiteResult, run: Run) -> dict[str, Any]:
+    return {
+        "run_id": run.id,
+        "at": run.created_at.isoformat(),
+        "arm": row.arm,
+        "value": row.value,
+        "ci_low": row.ci_low,
+        "ci_high": row.ci_high,
+        "n": row.n,
+        "verdict": row.verdict or "none",
+        "baseline": row.baseline_value,
+        "threshold": row.threshold,
+        "git_sha": (run.labels or {}).get("git_sha", ""),
+    }
+
+
+def trends(session: Session, profile: str, last: int) -> list[dict[str, Any]]:
+    """Per (suite, metric): the newest `last` runs' values with CIs and the baseline in force.
+
+    The baseline and threshold stored with each result draw the band as it was when that run
+    was judged; the current baseline row extends it to now.
+    """
+    recent = select(Run.id).where(Run.profile == profile).order_by(Run.id.desc()).limit(last).subquery()
+    rows = session.execute(
+        select(SuiteResult, Run)
+        .join(Run, SuiteResult.run_id == Run.id)
+        .where(SuiteResult.run_id.in_(select(recent.c.id)))
+        .order_by(Run.created_at, Run.id)
+    ).all()
+    current = {(b.suite, b.metric): b for b in list_baselines(session, profile)}
+    series: dict[tuple[str, str], dict[str, Any]] = {}
+    for result, run in rows:
+        key = (result.suite, result.metric)
+        if key not in series:
+            series[key] = {"suite": result.suite, "metric": result.metric, "direction": result.direction, "points": []}
+        series[key]["points"].append(_point(result, run))
+    for key, entry in series.items():
+        baseline = current.get(key)
+        entry["current"] = (
+            {"value": baseline.value, "threshold": current_threshold(baseline), "source": baseline.source}
+            if baseline is not None and baseline.value is not None
+            else None
+        )
+    return [series[key] for key in sorted(series)]
+
+
+@dataclass(frozen=True)
+class SuiteCount:
+    arm: str
+    suite: str
+    samples: int
+    wrong: int
+    word_errors: int | None
+    ref_words: int | None
+
+
+def sample_counts(session: Session, run_id: int) -> list[SuiteCount]:
+    """Per (arm, suite): how many samples, how many wrong, and the corpus word counts."""
+    rows = session.execute(
+        select(
+            SampleRow.arm,
+            SampleRow.suite,
+            func.count(),
+            func.sum(case((SampleRow.is_correct.is_(False), 1), else_=0)),
+            func.sum(SampleRow.word_errors),
+            func.sum(SampleRow.ref_words),
+        )
+        .where(SampleRow.run_id == run_id)
+        .group_by(SampleRow.arm, SampleRow.suite)
+        .order_by(SampleRow.arm, SampleRow.suite)
+    ).all()
+    return [SuiteCount(arm, suite, n, wrong or 0, errors, words) for arm, suite, n, wrong, errors, words in rows]
+
+
+def reference_runs(session: Session, profile: str, exclude: int) -> dict[int, list[str]]:
+    """Reference run id -> the suites it is the reference for (other than the run itself)."""
+    found: dict[int, list[str]] = {}
+    for baseline in list_baselines(session, profile):
+        if baseline.reference_run_id is not None and baseline.reference_run_id != exclude:
+            suites = found.setdefault(baseline.reference_run_id, [])
+            if baseline.suite not in suites:
+                suites.append(baseline.suite)
+    return found

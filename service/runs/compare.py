@@ -1,0 +1,151 @@
+"""Run-to-run diff: per suite, the items that changed between two runs, both responses side by side.
+
+Run `a` is the one compared against (usually the reference), run `b` the one under review.
+Each run contributes one arm: the one asked for, else its treatment arm (the last variant of
+an A/B run) or its only arm, the same choice scoring makes for a reference run. Comparing
+the two arms of one A/B run is `diff(session, run, run, arm_a="stock", arm_b="fixed")`.
+The item-level work is `evals.diff`, so a diff and a verdict never disagree on an item.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from evals.diff import correct_flags, diff_accuracy, diff_wer, word_errors
+from evals.suites.base import Sample
+from service.db.models import Run
+from service.db.models import Sample as SampleRow
+from service.runs.store import load_samples
+
+
+class CompareError(ValueError):
+    """Two runs that cannot be compared as asked; the message says which arm or suite is missing."""
+
+
+class FlipOut(BaseModel):
+    key: str
+    target: str
+    response_a: str
+    response_b: str
+    extracted_a: str | None
+    extracted_b: str | None
+
+
+class AccuracyDiffOut(BaseModel):
+    metric: str
+    matched: int = Field(description="Items scored under this metric in both runs")
+    right_to_wrong: list[FlipOut]
+    wrong_to_right: list[FlipOut]
+
+
+class WerChangeOut(BaseModel):
+    key: str
+    target: str = Field(description="The reference transcript")
+    hypothesis_a: str
+    hypothesis_b: str
+    errors_a: int
+    errors_b: int
+    words: int
+
+
+class WerDiffOut(BaseModel):
+    matched: int = Field(description="Utterances with word counts in both runs")
+    worse: int
+    better: int
+    changes: list[WerChangeOut] = Field(description="Largest change first, rises before falls")
+
+
+class SuiteDiff(BaseModel):
+    suite: str
+    kind: Literal["accuracy", "wer"]
+    accuracy: list[AccuracyDiffOut] = Field(default_factory=list, description="One entry per accuracy metric")
+    wer: WerDiffOut | None = None
+
+
+class DiffSide(BaseModel):
+    run_id: int
+    profile: str
+    arm: str
+    status: str
+    verdict: str | None
+
+
+class RunDiff(BaseModel):
+    a: DiffSide
+    b: DiffSide
+    suites: list[SuiteDiff]
+    only_in_a: list[str] = Field(description="Suites with samples in run a's arm only")
+    only_in_b: list[str] = Field(description="Suites with samples in run b's arm only")
+
+
+def arms_and_suites(session: Session, run_id: int) -> dict[str, list[str]]:
+    """arm -> suites that have stored samples, in name order."""
+    rows = session.execute(
+        select(SampleRow.arm, SampleRow.suite)
+        .where(SampleRow.run_id == run_id)
+        .distinct()
+        .order_by(SampleRow.arm, SampleRow.suite)
+    ).all()
+    found: dict[str, list[str]] = {}
+    for arm, suite in rows:
+        found.setdefault(arm, []).append(suite)
+    return found
+
+
+def pick_arm(run: Run, stored: dict[str, list[str]], asked: str | None = None) -> str:
+    """The arm asked for, else the treatment arm of an A/B run, else the run's only arm."""
+    if asked is not None:
+        if asked not in stored:
+            known = ", ".join(sorted(stored)) or "none (the run stored no samples)"
+            raise CompareError(f"run {run.id} has no samples for arm {asked!r}; its arms: {known}")
+        return asked
+    if run.variants and run.variants[-1] in stored:
+        return str(run.variants[-1])
+    if len(stored) == 1:
+        return next(iter(stored))
+    if not stored:
+        raise CompareError(f"run {run.id} stored no samples yet, so there is nothing to compare")
+    raise CompareError(f"run {run.id} has several arms ({', '.join(sorted(stored))}); name one with arm_a/arm_b")
+
+
+def _suite_diff(suite: str, a: dict[str, Sample], b: dict[str, Sample], top: int) -> SuiteDiff | None:
+    metrics = sorted({metric for sample in a.values() for metric in sample.correct})
+    if metrics:
+        diffs = []
+        for metric in metrics:
+            if not correct_flags(b, metric):
+                continue
+            found = diff_accuracy(a, b, metric=metric)
+            diffs.append(AccuracyDiffOut.model_validate(found, from_attributes=True))
+        return SuiteDiff(suite=suite, kind="accuracy", accuracy=diffs)
+    if word_errors(a) and word_errors(b):
+        wer = diff_wer(a, b, top=top)
+        return SuiteDiff(suite=suite, kind="wer", wer=WerDiffOut.model_validate(wer, from_attributes=True))
+    return None
+
+
+def diff_runs(
+    session: Session, a: Run, b: Run, *, arm_a: str | None = None, arm_b: str | None = None, top: int = 50
+) -> RunDiff:
+    """Per suite both runs stored: accuracy flips each way, or the `top` largest WER changes."""
+    stored_a, stored_b = arms_and_suites(session, a.id), arms_and_suites(session, b.id)
+    side_a, side_b = pick_arm(a, stored_a, arm_a), pick_arm(b, stored_b, arm_b)
+    suites_a, suites_b = set(stored_a[side_a]), set(stored_b[side_b])
+    suites = []
+    for suite in sorted(suites_a & suites_b):
+        found = _suite_diff(
+            suite, load_samples(session, a.id, side_a, suite), load_samples(session, b.id, side_b, suite), top
+        )
+        if found is not None:
+            suites.append(found)
+    return RunDiff(
+        a=DiffSide(run_id=a.id, profile=a.profile, arm=side_a, status=a.status, verdict=a.verdict),
+        b=DiffSide(run_id=b.id, profile=b.profile, arm=side_b, status=b.status, verdict=b.verdict),
+        suites=suites,
+        only_in_a=sorted(suites_a - suites_b),
+        only_in_b=sorted(suites_b - suites_a),
+    )

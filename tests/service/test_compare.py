@@ -1,0 +1,164 @@
+"""GET /api/v1/runs/{a}/diff/{b} on a real SQLite file, samples written by the run store."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from evals.suites.base import Sample
+from service.app import create_app
+from service.auth import Role, create_token
+from service.db.models import Run
+from service.db.session import session_scope
+from service.runs import store
+from service.settings import Settings
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    return Settings(data_dir=tmp_path / "data", profiles_dir=profiles, start_worker=False)
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings)) as client:
+        yield client
+
+
+def answer(key: str, right: bool, response: str | None = None) -> Sample:
+    """A GSM8k-like item, right or wrong under both of its metrics."""
+    extracted = "42" if right else "41"
+    return Sample(
+        key=key,
+        prompt_hash=f"h-{key}",
+        target="42",
+        response=response or f"... so the answer is {extracted}",
+        extracted={"strict-match": extracted, "flexible-extract": extracted},
+        correct={"strict-match": right, "flexible-extract": right},
+        prompt=f"Question: item {key}?\nAnswer:",
+    )
+
+
+def utterance(key: str, errors: int, words: int = 10) -> Sample:
+    return Sample(
+        key=key,
+        prompt_hash=f"h-{key}",
+        target=f"reference words of {key}",
+        response=f"hypothesis with {errors} errors",
+        substitutions=errors,
+        deletions=0,
+        insertions=0,
+        ref_words=words,
+    )
+
+
+def add_run(settings: Settings, samples: dict[tuple[str, str], Sequence[Sample]], variants: Sequence[str] = ()) -> int:
+    """A finished run whose (arm, suite) samples go through `store.save_samples`, as a worker's do."""
+    with session_scope(settings.resolved_database_url()) as session:
+        run = Run(profile="fixture", status="passed", trigger="ci", variants=list(variants))
+        session.add(run)
+        session.flush()
+        for (arm, suite), rows in samples.items():
+            primary = "wer" if suite == "wer" else "strict-match"
+            store.save_samples(session, run.id, arm, suite, primary, rows)
+        return run.id
+
+
+def test_accuracy_flips_each_way_with_both_responses(client: TestClient, settings: Settings) -> None:
+    reference = [answer(f"q{i}", right=i < 8) for i in range(10)]
+    candidate = [
+        answer(f"q{i}", right=(i < 8 and i != 2) or i == 8, response="a different working" if i == 2 else None)
+        for i in range(10)
+    ]
+    a = add_run(settings, {("fixed", "gsm8k"): reference})
+    b = add_run(settings, {("fixed", "gsm8k"): candidate})
+
+    response = client.get(f"/api/v1/runs/{a}/diff/{b}")
+    assert response.status_code == 200, response.text
+    diff = response.json()
+    assert (diff["a"]["run_id"], diff["b"]["run_id"]) == (a, b)
+    [suite] = diff["suites"]
+    assert suite["suite"] == "gsm8k" and suite["kind"] == "accuracy"
+    by_metric = {m["metric"]: m for m in suite["accuracy"]}
+    assert sorted(by_metric) == ["flexible-extract", "strict-match"]
+    strict = by_metric["strict-match"]
+    assert strict["matched"] == 10
+    [down] = strict["right_to_wrong"]
+    [up] = strict["wrong_to_right"]
+    assert down["key"] == "q2" and up["key"] == "q8"
+    assert down["response_a"] == "... so the answer is 42"
+    assert down["response_b"] == "a different working"
+    assert (down["extracted_a"], down["extracted_b"]) == ("42", "41")
+    assert (up["extracted_a"], up["extracted_b"]) == ("41", "42")
+
+
+def test_wer_changes_largest_first_and_capped(client: TestClient, settings: Settings) -> None:
+    before = [utterance(f"u{i}", e) for i, e in enumerate([0, 1, 2, 0, 3])]
+    after = [utterance(f"u{i}", e) for i, e in enumerate([0, 4, 2, 1, 0])]
+    a = add_run(settings, {("fixed", "wer"): before})
+    b = add_run(settings, {("fixed", "wer"): after})
+
+    wer = client.get(f"/api/v1/runs/{a}/diff/{b}").json()["suites"][0]["wer"]
+    assert (wer["matched"], wer["worse"], wer["better"]) == (5, 2, 1)
+    assert [(c["key"], c["errors_a"], c["errors_b"]) for c in wer["changes"]] == [
+        ("u1", 1, 4),
+        ("u4", 3, 0),
+        ("u3", 0, 1),
+    ]
+    assert wer["changes"][0]["target"] == "reference words of u1"
+    top = client.get(f"/api/v1/runs/{a}/diff/{b}", params={"top": 2}).json()["suites"][0]["wer"]
+    assert [c["key"] for c in top["changes"]] == ["u1", "u4"]
+    assert top["worse"] == 2, "the counts cover every utterance, not only the listed ones"
+
+
+def test_the_two_arms_of_one_ab_run(client: TestClient, settings: Settings) -> None:
+    stock = [answer(f"q{i}", right=i != 0) for i in range(4)]
+    fixed = [answer(f"q{i}", right=True) for i in range(4)]
+    run = add_run(settings, {("stock", "gsm8k"): stock, ("fixed", "gsm8k"): fixed}, variants=["stock", "fixed"])
+
+    diff = client.get(f"/api/v1/runs/{run}/diff/{run}", params={"arm_a": "stock", "arm_b": "fixed"}).json()
+    assert (diff["a"]["arm"], diff["b"]["arm"]) == ("stock", "fixed")
+    strict = next(m for m in diff["suites"][0]["accuracy"] if m["metric"] == "strict-match")
+    assert [f["key"] for f in strict["wrong_to_right"]] == ["q0"] and strict["right_to_wrong"] == []
+
+    other = add_run(settings, {("fixed", "gsm8k"): stock})
+    default = client.get(f"/api/v1/runs/{other}/diff/{run}").json()
+    assert default["b"]["arm"] == "fixed", "an A/B run is compared by its treatment arm unless asked"
+
+
+def test_suites_in_one_run_only_are_named(client: TestClient, settings: Settings) -> None:
+    a = add_run(settings, {("fixed", "gsm8k"): [answer("q0", True)], ("fixed", "wer"): [utterance("u0", 1)]})
+    b = add_run(settings, {("fixed", "gsm8k"): [answer("q0", False)]})
+
+    diff = client.get(f"/api/v1/runs/{a}/diff/{b}").json()
+    assert [s["suite"] for s in diff["suites"]] == ["gsm8k"]
+    assert (diff["only_in_a"], diff["only_in_b"]) == (["wer"], [])
+
+
+def test_bad_requests_say_what_is_wrong(client: TestClient, settings: Settings) -> None:
+    a = add_run(settings, {("fixed", "gsm8k"): [answer("q0", True)]})
+    empty = add_run(settings, {})
+
+    missing = client.get(f"/api/v1/runs/{a}/diff/99999")
+    assert missing.status_code == 404 and "run 99999 does not exist" in missing.json()["detail"]
+    arm = client.get(f"/api/v1/runs/{a}/diff/{a}", params={"arm_b": "stock"})
+    assert arm.status_code == 422
+    assert "no samples for arm 'stock'" in arm.json()["detail"] and "fixed" in arm.json()["detail"]
+    nothing = client.get(f"/api/v1/runs/{a}/diff/{empty}")
+    assert nothing.status_code == 422 and "stored no samples" in nothing.json()["detail"]
+
+
+def test_reads_need_a_token_when_configured(settings: Settings) -> None:
+    closed = settings.model_copy(update={"read_auth": True})
+    with TestClient(create_app(closed)) as client:
+        a = add_run(closed, {("fixed", "gsm8k"): [answer("q0", True)]})
+        with session_scope(closed.resolved_database_url()) as session:
+            viewer = create_token(session, "reader", Role.VIEWER)
+        assert client.get(f"/api/v1/runs/{a}/diff/{a}").status_code == 401
+        client.cookies.set("kvcanary_token", viewer)
+        assert client.get(f"/api/v1/runs/{a}/diff/{a}").status_code == 200
