@@ -1,4 +1,4 @@
-"""The scheduler: a thread in `kvcanary serve` that fires due schedules every tick.
+"""The scheduler: a thread in `kvcanary serve` that fires schedules when they fall due.
 
 Every service process on a database runs one; the `ScheduleFire` unique key, not any
 leader election, makes each fire happen once.
@@ -11,11 +11,14 @@ import os
 import socket
 import threading
 
+from service.db.models import utcnow
 from service.profiles import Profile
 from service.scheduling import schedules
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
+
+MIN_PAUSE_S = 0.01
 
 
 class Scheduler:
@@ -45,10 +48,23 @@ class Scheduler:
                 log.warning("schedule %s fired for %s: %s", f.schedule, f.fire_time.isoformat(), f.skipped_reason)
         return fired
 
+    def _pause(self) -> float:
+        """Until the next tick, or the next fire time if sooner: fires happen on time, not a tick late.
+
+        The tick still bounds the pause, so schedules changed by another process or the API are seen.
+        """
+        tick = self.settings.scheduler_tick_s
+        upcoming = schedules.earliest_next_fire(self.url)
+        if upcoming is None:
+            return tick
+        return min(tick, max(MIN_PAUSE_S, (upcoming - utcnow()).total_seconds()))
+
     def _loop(self) -> None:
         while not self._stop.is_set():
+            pause = self.settings.scheduler_tick_s
             try:
                 self.tick()
+                pause = self._pause()
             except Exception:
                 log.exception("scheduler tick failed; trying again next tick")
-            self._stop.wait(self.settings.scheduler_tick_s)
+            self._stop.wait(pause)

@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -107,11 +107,14 @@ def list_schedules(session: Session) -> list[ScheduleOut]:
     return [_out(session, row) for row in session.scalars(select(Schedule).order_by(Schedule.name))]
 
 
+def _known(session: Session) -> str:
+    return ", ".join(session.scalars(select(Schedule.name).order_by(Schedule.name))) or "none"
+
+
 def get(session: Session, name: str) -> Schedule:
     row = session.scalar(select(Schedule).where(Schedule.name == name))
     if row is None:
-        known = ", ".join(session.scalars(select(Schedule.name).order_by(Schedule.name))) or "none"
-        raise ScheduleError(f"no schedule named {name!r}; known schedules: {known}")
+        raise ScheduleError(f"no schedule named {name!r}; known schedules: {_known(session)}")
     return row
 
 
@@ -123,7 +126,10 @@ def update(session: Session, change: ScheduleUpdate, profiles: dict[str, Profile
     row = session.scalar(select(Schedule).where(Schedule.name == change.name))
     if row is None:
         if change.profile is None or change.cron is None:
-            raise ScheduleError(f"no schedule named {change.name!r}: to create one, give at least profile and cron")
+            raise ScheduleError(
+                f"no schedule named {change.name!r} (known schedules: {_known(session)}); "
+                "to create one, give at least profile and cron"
+            )
         row = Schedule(
             name=change.name, profile=change.profile, cron=change.cron, timezone="UTC", enabled=False, labels={}
         )
@@ -187,7 +193,22 @@ def fire(
             schedule.next_fire_at = _next_fire(schedule, utcnow())
             return Fired(schedule.name, fire_time, record.run_id, record.skipped_reason)
     except IntegrityError:
+        _move_past(url, schedule_id, fire_time)
         return None
+
+
+def _move_past(url: str, schedule_id: int, fire_time: datetime) -> None:
+    """The fire was taken; make sure this schedule's next fire lies beyond it, whoever took it."""
+    with session_scope(url) as session:
+        schedule = session.get(Schedule, schedule_id)
+        if schedule is not None and schedule.next_fire_at is not None and schedule.next_fire_at <= fire_time:
+            schedule.next_fire_at = _next_fire(schedule, max(fire_time, utcnow()))
+
+
+def earliest_next_fire(url: str) -> datetime | None:
+    """When the scheduler next has work, so it can wake on time rather than a tick late."""
+    with session_scope(url) as session:
+        return session.scalar(select(func.min(Schedule.next_fire_at)).where(Schedule.enabled.is_(True)))
 
 
 def fire_due(url: str, profiles: dict[str, Profile], triggered_by: str) -> list[Fired]:

@@ -168,7 +168,8 @@ def test_two_services_alert_a_failed_run_once_with_its_verdict_and_link(
     sent = _events(database_url, failed, "alert_sent")
     assert len(sent) == 2 and not any("secret" in message for message in sent)
     with session_scope(database_url) as session:
-        outcomes = dict(session.execute(select(AlertCheck.run_id, AlertCheck.outcome)).tuples().all())
+        checks = session.execute(select(AlertCheck.run_id, AlertCheck.outcome))
+        outcomes = {run_id: outcome for run_id, outcome in checks}
     assert outcomes[failed] == "run_failed"
     assert outcomes[previous].startswith("no alert")  # passed, nothing earlier to change from
 

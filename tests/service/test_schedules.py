@@ -1,0 +1,279 @@
+"""Schedules fired by real `kvcanary serve` processes on one real database, on the real clock.
+
+The services run with the worker off, so queued runs stay queued (no engine is started);
+where a test needs the previous nightly run out of the way it cancels it through the state
+machine, as a finished worker would have ended it. Schedules here fire every 5 seconds (a
+sixth, seconds field in the cron expression) and the scheduler ticks twice a second, so a
+test sees many fires in half a minute instead of one a minute.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import httpx
+import pytest
+import yaml
+from sqlalchemy import select
+from typer.testing import CliRunner
+
+from service.auth import Role, create_token
+from service.db.models import Run, Schedule, ScheduleFire
+from service.db.session import session_scope
+from service.profiles import load_profiles
+from service.runs.state import Status, transition
+from service.scheduling import cron, schedules
+from service.scheduling.schemas import ScheduleUpdate
+from service.settings import get_settings
+from tests.service.conftest import StartService
+
+PROFILE = "nightly-fixture"
+EVERY_5_S = "* * * * * */5"
+PERIOD = timedelta(seconds=5)
+RACERS = 3
+
+
+def write_profile(folder: Path, cron_expression: str = EVERY_5_S, enabled: bool = True, **schedule: Any) -> Path:
+    """A profile whose runs never start here (worker off); only its schedule block matters."""
+    folder.mkdir(parents=True, exist_ok=True)
+    block = {"cron": cron_expression, "timezone": "UTC", "enabled": enabled, "labels": {"vllm_version": "0.24.0"}}
+    profile = {
+        "model": "fixture:gsm8k-tiny",
+        "served_model_name": PROFILE,
+        "suites": [{"suite": "wer", "manifest": "clips.jsonl"}],
+        "schedule": {**block, **schedule},
+    }
+    (folder / f"{PROFILE}.yaml").write_text(yaml.safe_dump(profile))
+    return folder
+
+
+def service_env(database_url: str, profiles: Path) -> dict[str, str]:
+    return {
+        "KVCANARY_DATABASE_URL": database_url,
+        "KVCANARY_PROFILES_DIR": str(profiles),
+        "KVCANARY_NIGHTLY": "true",
+        "KVCANARY_SCHEDULER_TICK_S": "0.5",
+    }
+
+
+def token(url: str, role: Role) -> str:
+    with session_scope(url) as session:
+        return create_token(session, f"test-{role.value}", role)
+
+
+def fires(url: str) -> list[ScheduleFire]:
+    with session_scope(url) as session:
+        return list(session.scalars(select(ScheduleFire).order_by(ScheduleFire.fire_time)))
+
+
+def nightly_runs(url: str) -> list[Run]:
+    with session_scope(url) as session:
+        return list(session.scalars(select(Run).where(Run.trigger == "nightly").order_by(Run.id)))
+
+
+def cancel_queued(url: str) -> None:
+    with session_scope(url) as session:
+        for run in session.scalars(select(Run).where(Run.status == Status.QUEUED.value)):
+            transition(session, run, Status.CANCELLED, "test: ended so the next fire may queue")
+
+
+@pytest.fixture
+def finisher(database_url: str) -> Iterator[None]:
+    """Ends every queued run within 0.3 s, standing in for a worker that finished it."""
+    done = threading.Event()
+
+    def loop() -> None:
+        while not done.wait(0.3):
+            cancel_queued(database_url)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    yield
+    done.set()
+    thread.join(5)
+
+
+def test_two_services_fire_every_due_time_exactly_once(
+    start_service: StartService, database_url: str, tmp_path: Path, finisher: None
+) -> None:
+    env = service_env(database_url, write_profile(tmp_path / "profiles"))
+    start_service(data_dir=tmp_path / "a", **env)
+    start_service(data_dir=tmp_path / "b", **env)
+    time.sleep(26)
+
+    seen = fires(database_url)
+    times = [f.fire_time for f in seen]
+    assert len(times) >= 6, times
+    assert all(b - a == PERIOD for a, b in itertools.pairwise(times)), f"a fire missed or doubled: {times}"
+    assert [f.skipped_reason for f in seen if f.skipped_reason] == []
+    runs = nightly_runs(database_url)
+    assert sorted(f.run_id for f in seen if f.run_id is not None) == [r.id for r in runs]
+    assert all(r.labels == {"vllm_version": "0.24.0", "schedule": PROFILE} for r in runs)
+
+
+def test_catch_up_after_downtime_queues_one_run_and_later_fires_wait_for_it(
+    start_service: StartService, database_url: str, tmp_path: Path
+) -> None:
+    env = service_env(database_url, write_profile(tmp_path / "profiles"))
+    service = start_service(data_dir=tmp_path / "a", **env)
+    deadline = time.monotonic() + 30
+    while not fires(database_url) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    service.stop()
+    cancel_queued(database_url)
+    before = fires(database_url)
+    runs_before = len(nightly_runs(database_url))
+    last_before = before[-1].fire_time
+
+    time.sleep(17)  # at least three fire times pass while no service runs
+    restarted_at = datetime.now(UTC)
+    service.start()
+    time.sleep(7)  # one more regular fire after the catch-up
+    service.stop()
+
+    after = [f for f in fires(database_url) if f.fire_time > last_before]
+    catch_up, later = after[0], after[1:]
+    assert catch_up.run_id is not None, catch_up.skipped_reason
+    assert catch_up.fire_time - last_before >= 3 * PERIOD  # the missed times were not fired one by one ...
+    assert catch_up.fire_time >= cron.latest_due(EVERY_5_S, "UTC", restarted_at)  # ... only the latest was
+    assert len(nightly_runs(database_url)) == runs_before + 1
+    assert later, "the restarted service made no regular fire"
+    for fire in later:
+        assert fire.run_id is None
+        assert f"nightly run {catch_up.run_id} of {PROFILE} is still queued" in fire.skipped_reason
+
+
+def _race(url: str, profiles_dir: str, fire_time: datetime, barrier: Any, out: Any) -> None:
+    profiles = load_profiles(Path(profiles_dir))
+    with session_scope(url) as session:
+        schedule_id = schedules.get(session, PROFILE).id
+    barrier.wait(60)
+    fired = schedules.fire(url, schedule_id, fire_time, profiles, f"racer {multiprocessing.current_process().name}")
+    out.put(None if fired is None else fired.run_id)
+
+
+def test_processes_racing_for_one_fire_queue_one_run(database_url: str, tmp_path: Path) -> None:
+    profiles_dir = write_profile(tmp_path / "profiles")
+    schedules.sync_from_profiles(database_url, load_profiles(profiles_dir), nightly=True)
+    fire_time = datetime(2030, 1, 1, 2, 0, tzinfo=UTC)
+    spawn = multiprocessing.get_context("spawn")  # fresh processes, as separate services would be
+    barrier, out = spawn.Barrier(RACERS), spawn.Queue()
+    args = (database_url, str(profiles_dir), fire_time, barrier, out)
+    racers = [spawn.Process(target=_race, args=args) for _ in range(RACERS)]
+    for racer in racers:
+        racer.start()
+    results = [out.get(timeout=120) for _ in racers]
+    for racer in racers:
+        racer.join(10)
+
+    winners = [r for r in results if r is not None]
+    assert len(winners) == 1, results
+    assert [r.id for r in nightly_runs(database_url)] == winners
+    assert [(f.fire_time, f.run_id) for f in fires(database_url)] == [(fire_time, winners[0])]
+
+
+def test_profile_blocks_follow_the_nightly_switch_until_overridden(database_url: str, tmp_path: Path) -> None:
+    profiles = load_profiles(write_profile(tmp_path / "profiles", "0 2 * * *", timezone="Europe/Berlin"))
+
+    def row() -> Schedule:
+        with session_scope(database_url) as session:
+            return schedules.get(session, PROFILE)
+
+    schedules.sync_from_profiles(database_url, profiles, nightly=False)
+    assert (row().enabled, row().next_fire_at) == (False, None)  # the embedded default: nothing fires
+
+    schedules.sync_from_profiles(database_url, profiles, nightly=True)
+    synced = row()
+    assert synced.enabled and synced.next_fire_at is not None
+    assert synced.next_fire_at.astimezone(ZoneInfo("Europe/Berlin")).hour == 2
+    schedules.sync_from_profiles(database_url, profiles, nightly=True)
+    assert row().next_fire_at == synced.next_fire_at  # a restart keeps a pending (possibly missed) fire
+
+    with session_scope(database_url) as session:
+        change = ScheduleUpdate(name=PROFILE, enabled=False, cron="0 3 * * *")
+        schedules.update(session, change, profiles)
+    schedules.sync_from_profiles(database_url, profiles, nightly=True)
+    assert (row().enabled, row().cron, row().overridden) == (False, "0 3 * * *", True)
+
+    with pytest.raises(schedules.ScheduleError, match="invalid cron expression"):
+        bad = load_profiles(write_profile(tmp_path / "bad", "every night"))
+        schedules.sync_from_profiles(database_url, bad, nightly=True)
+
+
+def test_cron_is_read_in_the_schedules_time_zone_across_daylight_saving() -> None:
+    winter = datetime(2030, 1, 10, 12, tzinfo=UTC)
+    summer = datetime(2030, 7, 10, 12, tzinfo=UTC)
+    assert cron.next_after("0 2 * * *", "Europe/Berlin", winter) == datetime(2030, 1, 11, 1, tzinfo=UTC)
+    assert cron.next_after("0 2 * * *", "Europe/Berlin", summer) == datetime(2030, 7, 11, 0, tzinfo=UTC)
+    assert cron.latest_due("0 2 * * *", "Europe/Berlin", summer) == datetime(2030, 7, 10, 0, tzinfo=UTC)
+    with pytest.raises(cron.CronError, match="unknown time zone"):
+        cron.validate("0 2 * * *", "Mars/Olympus")
+
+
+def test_schedules_api_lists_and_only_admins_override(
+    start_service: StartService, database_url: str, tmp_path: Path
+) -> None:
+    env = service_env(database_url, write_profile(tmp_path / "profiles", "0 2 * * *"))
+    service = start_service(**env)
+    url = f"{service.url}/api/v1/schedules"
+    [listed] = httpx.get(url).json()
+    assert (listed["name"], listed["enabled"], listed["overridden"]) == (PROFILE, True, False)
+    assert listed["next_fire_at"] is not None and listed["recent_fires"] == []
+
+    change = {"name": PROFILE, "enabled": False}
+    assert httpx.put(url, json=change).status_code == 401
+    ci = {"Authorization": f"Bearer {token(database_url, Role.CI)}"}
+    assert httpx.put(url, json=change, headers=ci).status_code == 403
+    admin = {"Authorization": f"Bearer {token(database_url, Role.ADMIN)}"}
+    changed = httpx.put(url, json=change, headers=admin).json()
+    assert (changed["enabled"], changed["next_fire_at"], changed["overridden"]) == (False, None, True)
+
+    new = {"name": "extra", "profile": PROFILE, "cron": "30 1 * * *", "timezone": "Asia/Tokyo", "enabled": True}
+    created = httpx.put(url, json=new, headers=admin).json()
+    assert created["next_fire_at"] is not None and created["timezone"] == "Asia/Tokyo"
+    unknown = httpx.put(url, json={**new, "name": "x", "profile": "nope"}, headers=admin)
+    assert unknown.status_code == 422 and "unknown profile 'nope'" in unknown.text
+    bad = httpx.put(url, json={"name": PROFILE, "cron": "61 * * * *"}, headers=admin)
+    assert bad.status_code == 422 and "invalid cron expression" in bad.text
+    assert [s["name"] for s in httpx.get(url).json()] == ["extra", PROFILE]
+
+
+def test_cli_lists_enables_disables_and_fires_now(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.cli import app
+
+    for key, value in service_env(database_url, write_profile(tmp_path / "profiles", "0 2 * * *")).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("KVCANARY_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("COLUMNS", "300")  # rich would wrap messages at 80 columns
+    get_settings.cache_clear()
+    schedules.sync_from_profiles(database_url, load_profiles(tmp_path / "profiles"), nightly=True)
+    cli = CliRunner()
+    try:
+        disabled = cli.invoke(app, ["schedules", "disable", PROFILE])
+        assert disabled.exit_code == 0 and "disabled" in disabled.output
+        listed = cli.invoke(app, ["schedules", "list"])
+        assert listed.exit_code == 0 and PROFILE in listed.output and "api/cli" in listed.output
+        enabled = cli.invoke(app, ["schedules", "enable", PROFILE])
+        assert enabled.exit_code == 0 and "next fire" in enabled.output
+
+        first = cli.invoke(app, ["schedules", "fire-now", PROFILE, "--by", "release-manager"])
+        assert first.exit_code == 0, first.output
+        [run] = nightly_runs(database_url)
+        assert f"run {run.id} queued" in first.output and run.triggered_by == "fire-now by release-manager"
+        time.sleep(1.1)  # the next second: a different fire time
+        second = cli.invoke(app, ["schedules", "fire-now", PROFILE])
+        assert second.exit_code == 1 and f"nightly run {run.id}" in second.output
+        missing = cli.invoke(app, ["schedules", "enable", "no-such-schedule"])
+        assert missing.exit_code == 2 and "known schedules: nightly-fixture" in missing.output
+    finally:
+        get_settings.cache_clear()
