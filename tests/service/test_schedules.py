@@ -32,7 +32,7 @@ from service.profiles import load_profiles
 from service.runs.state import Status, transition
 from service.scheduling import cron, schedules
 from service.scheduling.schemas import ScheduleUpdate
-from service.settings import get_settings
+from service.settings import PACKAGED_PROFILES, get_settings
 from tests.service.conftest import StartService
 
 PROFILE = "nightly-fixture"
@@ -277,3 +277,16 @@ def test_cli_lists_enables_disables_and_fires_now(
         assert missing.exit_code == 2 and "known schedules: nightly-fixture" in missing.output
     finally:
         get_settings.cache_clear()
+
+
+def test_shipped_nightly_schedules_are_off_until_the_nightly_switch(database_url: str) -> None:
+    shipped = load_profiles(PACKAGED_PROFILES)
+    nightly = {"kimi-linear-48b-a3b", "whisper-large-v3"}
+    assert nightly <= {name for name, p in shipped.items() if p.schedule is not None}
+    schedules.sync_from_profiles(database_url, shipped, nightly=False)
+    with session_scope(database_url) as session:
+        assert {s.name for s in schedules.list_schedules(session) if s.enabled} == set()
+    schedules.sync_from_profiles(database_url, shipped, nightly=True)
+    with session_scope(database_url) as session:
+        on = {s.name: s for s in schedules.list_schedules(session) if s.enabled}
+    assert nightly <= set(on) and all(on[name].next_fire_at is not None for name in nightly)
