@@ -1,4 +1,5 @@
-"""The local executor: a thread in `kvcanary serve` that runs queued runs one at a time.
+"""The executor thread in `kvcanary serve`: runs queued runs here, one at a time, or hands
+them to a Ray cluster (`executor: ray`, service/runs/ray_executor.py).
 
 Several service processes may share a database: each claims runs atomically, and each
 re-queues runs whose worker died (its pid gone on this host, or its heartbeat stale).
@@ -15,6 +16,7 @@ import uuid
 from service.db.session import session_scope
 from service.profiles import Profile
 from service.runs import pipeline, queue
+from service.runs.ray_executor import RayDispatcher
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,9 @@ class LocalWorker:
         self.profiles = profiles
         self.worker_id = new_worker_id()
         self._stop = threading.Event()
+        self._ray: RayDispatcher | None = None
+        if settings.executor == "ray":
+            self._ray = RayDispatcher(settings, profiles, self.worker_id)
         self._thread = threading.Thread(target=self._loop, name="kvcanary-worker", daemon=True)
 
     def start(self) -> None:
@@ -64,8 +69,12 @@ class LocalWorker:
                 recovered = recover_dead_runs(self.settings)
                 if recovered:
                     log.warning("re-queued runs left by a dead worker: %s", recovered)
-                if run_next(self.settings, self.profiles, self.worker_id) is not None:
+                if self._ray is not None:
+                    self._ray.step()
+                elif run_next(self.settings, self.profiles, self.worker_id) is not None:
                     continue
             except Exception:
                 log.exception("worker loop error; retrying")
             self._stop.wait(self.settings.worker_poll_s)
+        if self._ray is not None:
+            self._ray.shutdown()

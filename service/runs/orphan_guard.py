@@ -1,0 +1,100 @@
+"""Kill the engines a Ray worker started when that worker dies without stopping them.
+
+Ray kills a worker process outright when its task is force-cancelled, when the service
+replica that dispatched it goes away, or when the worker runs out of memory. A vLLM engine
+runs as the leader of its own process group (service.engine.process_group), so it outlives
+such a worker and keeps its GPUs; Ray only kills the worker's direct children, not their
+helpers. This watchdog runs beside the task in a session of its own, remembers every process
+group the worker started, and kills those groups once the worker is gone.
+
+Run as `python -m service.runs.orphan_guard <worker pid>`; `OrphanGuard` does that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+from service.engine.process_group import group_members
+
+POLL_S = 0.5
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat after the command name (state is [0], ppid [1], pgrp [2], start time [19])."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def _alive(pid: int, start_time: str) -> bool:
+    """The process is still the one we watch: same start time (pids get reused), not a zombie."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[19] == start_time and fields[0] != "Z"
+
+
+def groups_led_by_children(parent: int) -> set[int]:
+    """Process groups whose leader is a child of `parent`: the engines it started."""
+    groups = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if fields is not None and int(fields[1]) == parent and int(fields[2]) == int(entry.name):
+            groups.add(int(entry.name))
+    return groups
+
+
+def watch(parent: int, poll_s: float = POLL_S) -> set[int]:
+    """Block while `parent` lives; then SIGKILL the groups it left behind and return them."""
+    fields = _stat_fields(parent)
+    if fields is None:
+        return set()
+    start_time = fields[19]
+    groups: set[int] = set()
+    while _alive(parent, start_time):
+        started = groups_led_by_children(parent) - {os.getpid()}
+        groups = {group for group in groups | started if group_members(group)}
+        time.sleep(poll_s)
+    left = {group for group in groups if group_members(group)}
+    for group in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+    return left
+
+
+class OrphanGuard:
+    """`with OrphanGuard(): ...` watches this process for the duration of the block."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> OrphanGuard:
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "service.runs.orphan_guard", str(os.getpid())],
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        """The block ended in this (living) process, so its engines were stopped; the guard may go."""
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait(10)
+
+
+if __name__ == "__main__":
+    killed = watch(int(sys.argv[1]))
+    if killed:
+        print(f"orphan guard: worker {sys.argv[1]} died; killed engine process groups {sorted(killed)}", flush=True)

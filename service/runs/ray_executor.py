@@ -1,0 +1,263 @@
+"""The Ray executor: every claimed run becomes one Ray task on the node Ray picks.
+
+A service replica with `executor: ray` claims runs from the shared database exactly as the
+local worker does, then hands each to the Ray cluster as a task that asks for the run's
+resources: `num_gpus = tensor_parallel_size`, or one CPU for the project's CPU fixture
+models. The task runs the same `pipeline.execute` as the local worker, so the engine, the
+suites, progress and results reach the shared database as they would on one host.
+
+The replica that claimed a run stays its owner (`runs.worker_id`). Ray ties a task to the
+driver that submitted it: if the replica dies, its tasks die with it, the orphan guard kills
+their engines, and the queue's recovery re-queues the runs. Outcomes the pipeline cannot
+record itself are settled here: a node or worker lost mid-run ends the run `interrupted` and
+re-queues it; a cancel the pipeline has not finished within a grace period kills the task,
+whose engine the orphan guard then kills, and ends the run `cancelled`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from evals.fixtures import PREFIX as FIXTURE_PREFIX
+from service.db.models import Run, RunEvent, utcnow
+from service.db.session import session_scope
+from service.profiles import Profile
+from service.runs import pipeline, queue
+from service.runs.orphan_guard import OrphanGuard
+from service.runs.state import ACTIVE, Status, transition
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+STARTED_EVENT = "ray_started"
+WAITING_EVENT = "ray_waiting"
+# Beyond the engine's own stop grace: time the pipeline gets to end a cancelled run itself.
+CANCEL_GRACE_S = 15.0
+RAY_NAMESPACE = "kvcanary"
+
+
+def wants_gpu(profile: Profile) -> bool:
+    """The project's fixture models (`fixture:...`) are built to run on CPU; real models need GPUs."""
+    return not profile.model.startswith(FIXTURE_PREFIX)
+
+
+def task_resources(profile: Profile | None) -> dict[str, float]:
+    """What the run's task asks Ray for: one GPU per tensor-parallel rank, or one CPU."""
+    if profile is not None and wants_gpu(profile):
+        return {"num_cpus": 1, "num_gpus": profile.engine.tensor_parallel_size}
+    return {"num_cpus": 1, "num_gpus": 0}
+
+
+def unplaceable(resources: dict[str, float], nodes: list[dict[str, Any]]) -> str | None:
+    """Why no live node could run a task asking for `resources` now; None if one could.
+
+    A run's engine lives on one node, so the GPUs must be on one node, not summed.
+    """
+    alive = [node.get("Resources", {}) for node in nodes if node.get("Alive")]
+    gpus, cpus = resources["num_gpus"], resources["num_cpus"]
+    if any(r.get("GPU", 0) >= gpus and r.get("CPU", 0) >= cpus for r in alive):
+        return None
+    most = max((r.get("GPU", 0.0) for r in alive), default=0.0)
+    return (
+        f"no node of the Ray cluster has {gpus:g} GPU(s) and {cpus:g} CPU(s) (largest: {most:g} GPU(s) "
+        f"on {len(alive)} live node(s)); the run waits until such a node joins. Cancel it to give up, "
+        "or lower engine.tensor_parallel_size in its profile"
+    )
+
+
+def _locked_run(session: Session, run_id: int) -> Run | None:
+    query = select(Run).where(Run.id == run_id)
+    if session.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update()
+    return session.scalar(query)
+
+
+def _take_over(url: str, run_id: int, owner: str) -> bool:
+    """Start only a run still claimed by `owner` and not yet begun, so no run executes twice."""
+    import ray
+
+    with session_scope(url) as session:
+        run = _locked_run(session, run_id)
+        if run is None or run.worker_id != owner or run.status != Status.STARTING_ENGINE.value:
+            return False
+        run.heartbeat_at = utcnow()
+        node = ray.get_runtime_context().get_node_id()
+        where = f"node {node} ({socket.gethostname()}, {ray.util.get_node_ip_address()}), pid {os.getpid()}"
+        session.add(RunEvent(run_id=run_id, kind=STARTED_EVENT, message=f"Ray task started on {where}"))
+    return True
+
+
+def node_settings(database_url: str) -> Settings:
+    """This node's own KVCANARY_* environment (where `ray start` ran) with the shared database.
+
+    Paths are the node's business: its data folder and the Python that has vLLM (by default
+    the one running this task). A relative data folder is made absolute, since Ray starts
+    workers in a folder of its own.
+    """
+    settings = Settings()
+    return settings.model_copy(update={"database_url": database_url, "data_dir": settings.data_dir.resolve()})
+
+
+def run_on_node(run_id: int, owner: str, database_url: str, profiles: dict[str, Profile]) -> str:
+    """The Ray task: take the run over from the replica that claimed it, execute it on this node."""
+    if not _take_over(database_url, run_id, owner):
+        return "skipped"
+    with OrphanGuard():
+        return pipeline.execute(run_id, node_settings(database_url), profiles, owner)
+
+
+@dataclass
+class _InFlight:
+    run_id: int
+    ref: Any  # ray.ObjectRef of run_on_node
+    cancel_grace_s: float
+    started: bool = False
+    cancel_seen_at: float | None = None
+    killed: bool = False
+
+
+class RayDispatcher:
+    """Claims runs for one service replica and follows their Ray tasks; `step()` once per poll."""
+
+    def __init__(self, settings: Settings, profiles: dict[str, Profile], worker_id: str) -> None:
+        if not settings.ray_address:
+            raise ValueError(
+                "KVCANARY_EXECUTOR=ray needs KVCANARY_RAY_ADDRESS: the Ray cluster's address, e.g. "
+                "ray://head-node:10001 (Ray Client) or head-node:6379 / auto on a node of the cluster"
+            )
+        import ray
+
+        self._ray = ray
+        try:
+            ray.init(address=settings.ray_address, namespace=RAY_NAMESPACE, log_to_driver=False)
+        except (ConnectionError, RuntimeError) as exc:
+            raise RuntimeError(
+                f"cannot reach the Ray cluster at KVCANARY_RAY_ADDRESS={settings.ray_address!r}: {exc}; "
+                "start it (`ray start --head`) or fix the address"
+            ) from exc
+        self._task = ray.remote(run_on_node)
+        self.url = settings.resolved_database_url()
+        self.profiles = profiles
+        self.worker_id = worker_id
+        self.in_flight: dict[int, _InFlight] = {}
+
+    def step(self) -> None:
+        """Settle finished tasks, keep pending runs alive and honour cancels, then claim one more."""
+        if self.in_flight:
+            refs = [flight.ref for flight in self.in_flight.values()]
+            done = set(self._ray.wait(refs, num_returns=len(refs), timeout=0)[0])
+            for flight in [f for f in self.in_flight.values() if f.ref in done]:
+                self._settle(flight)
+        self._follow()
+        if all(f.started for f in self.in_flight.values()):
+            self._claim()
+
+    def shutdown(self) -> None:
+        """Stop this replica's tasks (Ray would on disconnect) and re-queue their runs at once."""
+        for flight in list(self.in_flight.values()):
+            self._ray.cancel(flight.ref, force=True)
+        for flight in list(self.in_flight.values()):
+            self._settle(flight, lost_reason="the service replica that dispatched it stopped")
+        self._ray.shutdown()
+
+    def _claim(self) -> None:
+        with session_scope(self.url) as session:
+            run = queue.claim_next(session, self.worker_id)
+            if run is None:
+                return
+            run_id, profile = run.id, self.profiles.get(run.profile)
+            resources = task_resources(profile)
+            waiting = unplaceable(resources, self._ray.nodes())
+            if waiting:
+                session.add(RunEvent(run_id=run_id, kind=WAITING_EVENT, message=waiting))
+        given = {run.profile: profile} if profile is not None else {}
+        task = self._task.options(name=f"kvcanary-run-{run_id}", max_retries=0, retry_exceptions=False, **resources)
+        ref = task.remote(run_id, self.worker_id, self.url, given)
+        grace = (profile.engine.stop_grace_s if profile else 0.0) + CANCEL_GRACE_S
+        self.in_flight[run_id] = _InFlight(run_id, ref, grace)
+        log.info("run %d handed to Ray as %s with %s", run_id, ref, resources)
+
+    def _follow(self) -> None:
+        """Heartbeat runs whose task waits for a node; cancel tasks whose run was cancelled."""
+        if not self.in_flight:
+            return
+        ids = list(self.in_flight)
+        with session_scope(self.url) as session:
+            started = set(
+                session.scalars(select(RunEvent.run_id).where(RunEvent.run_id.in_(ids), RunEvent.kind == STARTED_EVENT))
+            )
+            for run in session.scalars(select(Run).where(Run.id.in_(ids))):
+                flight = self.in_flight[run.id]
+                flight.started = flight.started or run.id in started
+                status = Status(run.status)
+                if status == Status.QUEUED or (status in ACTIVE and run.worker_id != self.worker_id):
+                    # Re-queued by a replica's recovery: this task must not run it as well.
+                    self._kill(flight, "its run was taken over elsewhere")
+                if status not in ACTIVE or run.worker_id != self.worker_id:
+                    continue
+                if not flight.started:
+                    run.heartbeat_at = utcnow()
+                if run.cancel_requested:
+                    self._cancel(flight)
+
+    def _cancel(self, flight: _InFlight) -> None:
+        """A task not started yet is dropped at once; a started one gets time to stop cleanly."""
+        now = time.monotonic()
+        if flight.cancel_seen_at is None:
+            flight.cancel_seen_at = now
+        if not flight.started or now - flight.cancel_seen_at > flight.cancel_grace_s:
+            self._kill(flight, "its run was cancelled")
+
+    def _kill(self, flight: _InFlight, why: str) -> None:
+        if not flight.killed:
+            log.warning("cancelling the Ray task of run %d: %s", flight.run_id, why)
+            self._ray.cancel(flight.ref, force=True)
+            flight.killed = True
+
+    def _settle(self, flight: _InFlight, lost_reason: str | None = None) -> None:
+        """Record what the pipeline could not: a lost node, a killed task, a task that crashed."""
+        del self.in_flight[flight.run_id]
+        reason = lost_reason
+        failure = ""
+        if reason is None:
+            try:
+                self._ray.get(flight.ref, timeout=0)
+            except self._ray.exceptions.TaskCancelledError:
+                pass
+            except self._ray.exceptions.RayTaskError as exc:
+                failure = f"the run's Ray task raised {type(exc.cause).__name__}: {exc.cause}"
+            except self._ray.exceptions.RayError as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+        with session_scope(self.url) as session:
+            run = _locked_run(session, flight.run_id)
+            if run is None or run.worker_id != self.worker_id or Status(run.status) not in ACTIVE:
+                return  # the pipeline recorded the end itself, or another replica took the run over
+            if reason is not None:
+                _interrupt(session, run, f"Ray lost the run's task ({reason})")
+            elif failure:
+                run.error = failure
+                transition(session, run, Status.ERROR, failure)
+            elif run.cancel_requested and run.status != Status.SCORING.value:
+                transition(session, run, Status.CANCELLED, "cancelled; its Ray task and engine were stopped")
+            else:
+                run.error = "the run's Ray task ended without recording an outcome"
+                transition(session, run, Status.ERROR, run.error)
+        log.info("run %d settled after its Ray task ended", flight.run_id)
+
+
+def _interrupt(session: Session, run: Run, note: str) -> None:
+    """As the queue's recovery does: interrupted, then queued again while attempts remain."""
+    transition(session, run, Status.INTERRUPTED, note)
+    if run.attempt < run.max_attempts:
+        transition(session, run, Status.QUEUED, f"re-queued (attempt {run.attempt} of {run.max_attempts})")
+    else:
+        run.error = f"interrupted {run.attempt} times; giving up"
+        transition(session, run, Status.ERROR, run.error)
