@@ -38,7 +38,7 @@ def print_run(run: RunDetail, console: Console | None = None) -> None:
                 _number(m.threshold),
                 f"[{VERDICT_STYLE.get(m.verdict or '', 'white')}]{m.verdict or '-'}[/]",
             )
-        console.print(table)
+        console.print(table, width=max(console.width, 150))
         for m in run.metrics:
             if m.explanation:
                 console.print(f"[bold]{m.suite}.{m.metric}[/bold] ({m.arm}): {m.explanation}")

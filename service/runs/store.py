@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from evals.verdict import MetricJudgement
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from evals.suites.base import MetricValue
 from evals.suites.base import Sample as SuiteSample
+from evals.verdict import MetricJudgement
 from service.db.models import Run, SuiteResult
 from service.db.models import Sample as SampleRow
 
@@ -92,6 +92,12 @@ def load_samples(session: Session, run_id: int, arm: str, suite: str) -> dict[st
     return {row.key: to_suite_sample(row) for row in rows}
 
 
+def _detail(judgement: MetricJudgement | None, name: str) -> float | None:
+    """An interval bound the verdict computed (Wilson, bootstrap) when the suite gave none."""
+    value = judgement.details.get(name) if judgement else None
+    return float(value) if isinstance(value, int | float) else None
+
+
 def save_result(
     session: Session,
     run: Run,
@@ -118,8 +124,8 @@ def save_result(
             metric=metric.name,
             value=metric.value,
             stderr=metric.stderr,
-            ci_low=metric.ci_low,
-            ci_high=metric.ci_high,
+            ci_low=metric.ci_low if metric.ci_low is not None else _detail(judgement, "ci_low"),
+            ci_high=metric.ci_high if metric.ci_high is not None else _detail(judgement, "ci_high"),
             n=metric.n,
             direction=metric.direction,
             empty_response_rate=empty_response_rate,
