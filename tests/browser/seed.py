@@ -270,6 +270,7 @@ def seed(database_url: str) -> Seeded:
         now = utcnow()
         errored = _finished(GSM8K, now - timedelta(hours=3), "manual", "c0ffee1", 4)
         errored.status, errored.verdict = "error", None
+        errored.engine = {"fixed": {"url": "http://127.0.0.1:41000", "receipts": []}}  # died before /health
         errored.error = "engine exited with code 1 before it answered: CUDA out of memory (see the log tail)"
         errored.log_tail = "ERROR torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
         running = Run(
