@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 from pydantic import model_validator
 
+from evals import stats
 from evals.suites.base import (
     MetricValue,
     Sample,
@@ -73,20 +74,26 @@ class Utterance:
         return hashlib.sha256(self.audio).hexdigest()
 
 
-def load_utterances(config: WerConfig) -> list[Utterance]:
-    """The (audio, reference) pairs the config names, capped at `config.limit`."""
+def load_utterances(config: WerConfig) -> tuple[list[Utterance], int]:
+    """The (audio, reference) pairs the config names, capped at `config.limit`, and how many
+    items were left out because their reference normalises to nothing (WER is undefined there).
+    """
     items = _manifest_items(config.manifest) if config.manifest is not None else _hub_items(config)
     utterances: list[Utterance] = []
+    unscorable = 0
     for utterance in items:
         if config.limit is not None and len(utterances) >= config.limit:
             break
-        utterances.append(utterance)
+        if normalize(utterance.reference):
+            utterances.append(utterance)
+        else:
+            unscorable += 1
     keys = [u.key for u in utterances]
     if len(set(keys)) != len(keys):
         raise ValueError("wer: utterance ids repeat; give every item a unique id (or drop id_column)")
     if not utterances:
-        raise ValueError("wer: the dataset holds no utterances")
-    return utterances
+        raise ValueError("wer: the dataset holds no utterance with a non-empty reference")
+    return utterances, unscorable
 
 
 def _manifest_items(manifest: Path) -> Iterator[Utterance]:
@@ -146,14 +153,7 @@ def score(utterance: Utterance, hypothesis: str, error: str | None = None) -> Sa
     import jiwer
 
     ref_norm, hyp_norm = normalize(utterance.reference), normalize(hypothesis)
-    ref_words = len(ref_norm.split())
-    if ref_words == 0:
-        substitutions, deletions, insertions = 0, 0, len(hyp_norm.split())
-    elif not hyp_norm:
-        substitutions, deletions, insertions = 0, ref_words, 0
-    else:
-        counts = jiwer.process_words(ref_norm, hyp_norm)
-        substitutions, deletions, insertions = counts.substitutions, counts.deletions, counts.insertions
+    counts = jiwer.process_words(ref_norm, hyp_norm)
     return Sample(
         key=utterance.key,
         prompt_hash=utterance.audio_hash,
@@ -161,10 +161,10 @@ def score(utterance: Utterance, hypothesis: str, error: str | None = None) -> Sa
         target=utterance.reference,
         response=hypothesis,
         extracted={"normalized": hyp_norm},
-        substitutions=substitutions,
-        deletions=deletions,
-        insertions=insertions,
-        ref_words=ref_words,
+        substitutions=counts.substitutions,
+        deletions=counts.deletions,
+        insertions=counts.insertions,
+        ref_words=len(ref_norm.split()),
         error=error,
     )
 
@@ -173,11 +173,8 @@ def corpus_wer(samples: list[Sample]) -> float:
     """jiwer's corpus WER over the normalised pairs (edits summed over words summed)."""
     import jiwer
 
-    pairs = [(normalize(s.target), s.extracted["normalized"]) for s in samples]
-    scored = [(ref, hyp) for ref, hyp in pairs if ref]
-    if not scored:
-        raise ValueError("wer: every reference is empty after normalisation; nothing to score")
-    return float(jiwer.wer([ref for ref, _ in scored], [hyp for _, hyp in scored]))
+    references = [normalize(s.target) for s in samples]
+    return float(jiwer.wer(references, [s.extracted["normalized"] for s in samples]))
 
 
 class _Transcriber:
@@ -211,28 +208,32 @@ class _Transcriber:
                 error = f"{type(exc).__name__}: {exc}"
                 continue
             if response.status_code == 200:
-                text = response.json().get("text")
-                if not isinstance(text, str):
-                    return "", f"answer without a text field: {response.text[:300]}"
-                return text, None
+                return _transcript(response)
             error = f"HTTP {response.status_code}: {response.text[:300]}"
             if response.status_code not in RETRYABLE_STATUS:
                 break
         return "", f"{utterance.key}: gave up after {attempt + 1} attempt(s): {error}"
 
 
+def _transcript(response: httpx.Response) -> tuple[str, str | None]:
+    try:
+        text = response.json().get("text")
+    except (ValueError, AttributeError):
+        text = None
+    if not isinstance(text, str):
+        return "", f"HTTP 200 without a transcript: {response.text[:300]}"
+    return text, None
+
+
 async def _transcribe_all(context: SuiteContext, todo: list[Utterance], finished: list[Sample], total: int) -> None:
     config: WerConfig = context.config
-    queue: asyncio.Queue[Utterance] = asyncio.Queue()
-    for utterance in todo:
-        queue.put_nowait(utterance)
+    pending = iter(todo)  # shared by the workers; the event loop never runs two `next` at once
     limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
     async with httpx.AsyncClient(timeout=config.request_timeout_s, limits=limits) as client:
         transcriber = _Transcriber(context, client)
 
         async def worker() -> None:
-            while not queue.empty():
-                utterance = queue.get_nowait()
+            for utterance in pending:
                 hypothesis, error = await transcriber.transcribe(utterance)
                 sample = score(utterance, hypothesis, error)
                 context.emit_samples([sample])
@@ -250,13 +251,13 @@ async def _transcribe_all(context: SuiteContext, todo: list[Utterance], finished
 
 def run(context: SuiteContext) -> SuiteOutcome:
     config: WerConfig = context.config
-    utterances = load_utterances(config)
+    utterances, unscorable = load_utterances(config)
     finished: list[Sample] = []
     todo: list[Utterance] = []
     for utterance in utterances:
         earlier = context.done_samples.get(utterance.key)
         if earlier is not None and earlier.error is None and earlier.prompt_hash == utterance.audio_hash:
-            finished.append(earlier)
+            finished.append(score(utterance, earlier.response))  # rescored: only the request is saved
         else:
             todo.append(utterance)
     reused = len(finished)
@@ -270,10 +271,21 @@ def run(context: SuiteContext) -> SuiteOutcome:
         name: sum(getattr(s, name) or 0 for s in samples)
         for name in ("substitutions", "deletions", "insertions", "ref_words")
     }
-    value = corpus_wer(samples)
+    errors = [(s.substitutions or 0) + (s.deletions or 0) + (s.insertions or 0) for s in samples]
+    words = [s.ref_words or 0 for s in samples]
+    low, high = stats.bootstrap_wer_interval(errors, words)
+    metric = MetricValue(
+        name="wer",
+        value=corpus_wer(samples),
+        n=len(samples),
+        stderr=stats.wer_stderr(errors, words),
+        ci_low=low,
+        ci_high=high,
+        direction="lower",
+    )
     source = str(config.manifest) if config.manifest else f"{config.hub_path}:{config.hub_name}:{config.split}"
     return SuiteOutcome(
-        metrics=[MetricValue(name="wer", value=value, n=len(samples), direction="lower")],
+        metrics=[metric],
         samples=samples,
         empty_response_rate=empty / len(samples),
         details={
@@ -282,6 +294,7 @@ def run(context: SuiteContext) -> SuiteOutcome:
             "empty_responses": empty,
             "failed_requests": sum(1 for s in samples if s.error),
             "reused_samples": reused,
+            "unscorable_references": unscorable,
             **totals,
         },
     )

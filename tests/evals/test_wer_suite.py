@@ -55,8 +55,19 @@ def test_config_takes_exactly_one_dataset_source(tmp_path: Path) -> None:
         WerConfig.model_validate({"manifest": str(tmp_path / "m.jsonl"), "hub_path": "openslr/librispeech_asr"})
 
 
-def test_manifest_with_a_missing_clip_names_the_line(tmp_path: Path) -> None:
+def test_manifest_paths_are_relative_and_unscorable_references_left_out(tmp_path: Path, manifest: Path) -> None:
+    clip = manifest.parent / "clip-00.wav"
+    (tmp_path / "audio").mkdir()
+    (tmp_path / "audio" / "a.wav").write_bytes(clip.read_bytes())
     listing = tmp_path / "manifest.jsonl"
+    rows = [
+        {"id": "a", "audio": "audio/a.wav", "text": "Hello there."},
+        {"audio": "audio/a.wav", "text": "(laughs) hmm"},
+    ]
+    listing.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    utterances, unscorable = load_utterances(WerConfig(manifest=listing))
+    assert [(u.key, u.reference, u.audio) for u in utterances] == [("a", "Hello there.", clip.read_bytes())]
+    assert unscorable == 1
     listing.write_text('{"audio": "gone.wav", "text": "hello"}\n')
     with pytest.raises(FileNotFoundError, match="line 1"):
         load_utterances(WerConfig(manifest=listing))
@@ -77,7 +88,7 @@ def test_hub_layout_dataset_loads_undecoded_audio(tmp_path: Path, manifest: Path
     (tmp_path / "data").mkdir()
     table.to_parquet(str(tmp_path / "data" / "test-00000-of-00001.parquet"))
     config = WerConfig(hub_path=str(tmp_path), split="test", text_column="sentence", limit=2)
-    utterances = load_utterances(config)
+    utterances, _ = load_utterances(config)
     assert [u.key for u in utterances] == [row["id"] for row in rows[:2]]
     assert [u.reference for u in utterances] == [row["text"] for row in rows[:2]]
     assert utterances[0].audio == (manifest.parent / rows[0]["audio"]).read_bytes()
@@ -155,6 +166,8 @@ def test_wer_of_tiny_en_on_spoken_clips(english_run: tuple[SuiteOutcome, list[Sa
     assert metric.name == "wer" and metric.direction == "lower"
     assert metric.n == len(speech.SENTENCES)
     assert 0.05 < metric.value < 0.30
+    assert metric.stderr and metric.ci_low is not None and metric.ci_high is not None
+    assert metric.ci_low < metric.value < metric.ci_high
     assert outcome.empty_response_rate <= 0.05
     assert sorted(s.key for s in emitted) == sorted(s.key for s in outcome.samples)
     assert progress[-1] == (metric.n, metric.n)
