@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import Launch, LaunchConfig, check_variant
+from kernels._launch import Launch, LaunchConfig, check_variant, sm_count
 from kernels._split_kv import merge_splits
 
 
@@ -115,7 +115,7 @@ def _decode_tiles(
     return acc, m_i, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_split_kernel(
     q_ptr,
     k_ptr,
@@ -206,14 +206,16 @@ def _decode_split_kernel(
     tl.store(part_rows + V_DIM, lse, mask=head_ok)
 
 
-# Stage 1 aims for about this many programs; fewer splits mean less partial traffic.
-_TARGET_PROGRAMS = 264
+# An MLA program (16 heads, 32 keys of 576 a tile, 8 warps) keeps about 2 resident per
+# multiprocessor: split the keys so that one wave fills them. Rounding down keeps a second,
+# mostly idle wave away; fewer splits also mean less partial traffic for stage 2.
+_PROGRAMS_PER_SM = 2
 _BLOCK_H = 16
 
 
-def _default_launch(is_mla: bool, programs_per_split: int) -> Launch:
-    splits = max(1, -(-_TARGET_PROGRAMS // programs_per_split))
-    return Launch(tile=32 if is_mla else 64, num_warps=4, num_stages=2, num_splits=splits)
+def _default_launch(is_mla: bool, programs_per_split: int, num_sms: int) -> Launch:
+    splits = max(1, _PROGRAMS_PER_SM * num_sms // programs_per_split)
+    return Launch(tile=32, num_warps=8 if is_mla else 4, num_stages=3 if is_mla else 2, num_splits=splits)
 
 
 def _page_geometry(buf: torch.Tensor, page_size: int, name: str) -> tuple[int, int, int]:
@@ -313,7 +315,8 @@ def decode_attention_fwd(
     head_blocks = triton.cdiv(num_q_heads, heads_per_program)
     qk_main = lv if is_mla else lk
     qk_rope = lk - lv if is_mla else 0
-    launch = (config or LaunchConfig()).resolve(_default_launch(is_mla, batch * head_blocks))
+    default = _default_launch(is_mla, batch * head_blocks, sm_count(q.device))
+    launch = (config or LaunchConfig()).resolve(default)
     num_splits = min(launch.num_splits, num_kv_splits)
 
     _decode_split_kernel[(batch, head_blocks, num_splits)](

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import Launch, LaunchConfig, check_variant
+from kernels._launch import Launch, LaunchConfig, check_variant, sm_count
 from kernels._split_kv import merge_splits
 
 
@@ -135,7 +135,7 @@ def _attend_tiles(
     return acc, m_i, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs"])
 def _unified_attention_kernel(
     out_ptr,
     partials_ptr,
@@ -283,15 +283,18 @@ def _unified_attention_kernel(
         tl.store(part_rows + HEAD_SIZE, lse, mask=row_valid)
 
 
-# Decode-only batches are split along the keys until about this many programs run.
-_TARGET_PROGRAMS = 512
+# A program (16 query rows, 32-key tiles, 4 warps) keeps about 5 resident per multiprocessor:
+# decode-only batches are split along the keys until about 4 programs per multiprocessor run,
+# each split keeping at least this many keys.
+_PROGRAMS_PER_SM = 4
 _MIN_KEYS_PER_SPLIT = 512
 
 
-def _default_launch(decode_only: bool, num_programs: int, max_seqlen_k: int) -> Launch:
+def _default_launch(decode_only: bool, num_programs: int, max_seqlen_k: int, num_sms: int) -> Launch:
     splits = 1
     if decode_only:
-        splits = max(1, min(_TARGET_PROGRAMS // max(num_programs, 1), max_seqlen_k // _MIN_KEYS_PER_SPLIT))
+        wanted = _PROGRAMS_PER_SM * num_sms // max(num_programs, 1)
+        splits = max(1, min(wanted, max_seqlen_k // _MIN_KEYS_PER_SPLIT))
         splits = 1 << (splits.bit_length() - 1)
     return Launch(tile=32, num_warps=4, num_stages=3, num_splits=splits)
 
@@ -420,7 +423,8 @@ def unified_attention(
     block_q = block_m // q_per_kv
     num_q_blocks = num_tokens // block_q + num_seqs
     decode_only = max_seqlen_q == 1
-    launch = (config or LaunchConfig()).resolve(_default_launch(decode_only, num_seqs * num_kv_heads, max_seqlen_k))
+    default = _default_launch(decode_only, num_seqs * num_kv_heads, max_seqlen_k, sm_count(q.device))
+    launch = (config or LaunchConfig()).resolve(default)
     num_splits = launch.num_splits if decode_only else 1
     window = window_size[0] + 1 if window_size[0] >= 0 else 0
 
