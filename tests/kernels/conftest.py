@@ -63,10 +63,11 @@ def _import_kernels_interpreted() -> str | None:
 INTERPRETER_UNAVAILABLE = None if ON_GPU else _import_kernels_interpreted()
 
 
-@pytest.fixture(autouse=True)
-def _kernel_runtime(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Triton imports some modules lazily at the first launch and checks the variable then:
-    keep it set while a kernel test runs."""
+@pytest.fixture
+def kernel_runtime(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """For modules that launch kernels (``pytestmark = pytest.mark.usefixtures("kernel_runtime")``).
+    Triton imports some modules lazily at the first launch and checks the variable then:
+    keep it set while such a test runs."""
     if ON_GPU:
         return
     if INTERPRETER_UNAVAILABLE and request.node.get_closest_marker("gpu") is None:
