@@ -1,0 +1,369 @@
+"""vLLM general plugin: inject kvcanary's attention kernels and canaries, and write a receipt.
+
+vLLM calls `register()` in every process it starts (API server, model inspection, engine core,
+workers). The engine launcher drives it through the environment:
+
+    KVCANARY_KERNEL_VARIANT         fixed | legacy | stock (unset: the plugin does nothing)
+    KVCANARY_CANARIES               comma list of nan_kv_tail, high_block_ids (default none)
+    KVCANARY_RECEIPT_DIR            folder for receipt-<pid>.json files (unset: no receipts)
+    KVCANARY_ALLOW_UNVERIFIED_VLLM  1 to run on a vLLM release the plugin was not built for
+
+Backends bind their kernels with `from ... import name`, so the names to replace live in the
+backend modules and are looked up at call time; they are rebound as those modules are imported
+(see `_import_hooks`). A process forked after `register()` inherits the rebinding, and writes
+its own receipt at its first plugin event.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import multiprocessing
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from kernels import _import_hooks
+from kernels._adapters import make_adapter
+from kernels._vllm_compat import (
+    ALLOW_HINT,
+    TARGETS,
+    Release,
+    Target,
+    UnsupportedVLLMError,
+    check_version,
+    matching_release,
+    parameter_names,
+    signature_mismatch,
+)
+from kernels.canaries import (
+    HIGH_BLOCK_IDS,
+    NAN_KV_TAIL,
+    KVPoisoner,
+    describe_kv_caches,
+    parse_canaries,
+    reverse_free_order,
+)
+from kernels.receipt import write_receipt
+
+logger = logging.getLogger("kvcanary.plugin")
+
+VARIANTS = ("fixed", "legacy", "stock")
+NOT_ON_PATH = "injected, not on the execution path"
+# model-runner classes (MRV1, MRV2) and worker classes whose methods the plugin wraps
+RUNNER_MODULES = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner")
+WORKER_CLASSES = (("vllm.v1.worker.gpu_worker", "Worker"), ("vllm.v1.worker.cpu_worker", "CPUWorker"))
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    variant: str
+    canaries: tuple[str, ...]
+    receipt_dir: Path | None
+    allow_unverified: bool
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | os._Environ[str]) -> PluginConfig | None:
+        """None when KVCANARY_KERNEL_VARIANT is unset: vLLM loads every installed plugin."""
+        variant = env.get("KVCANARY_KERNEL_VARIANT", "").strip()
+        if not variant:
+            return None
+        if variant not in VARIANTS:
+            raise ValueError(f"KVCANARY_KERNEL_VARIANT={variant!r}; expected one of {', '.join(VARIANTS)}")
+        allow = env.get("KVCANARY_ALLOW_UNVERIFIED_VLLM", "0").strip()
+        if allow not in ("0", "1", ""):
+            raise ValueError(f"KVCANARY_ALLOW_UNVERIFIED_VLLM={allow!r}; expected 1 or 0")
+        receipt_dir = env.get("KVCANARY_RECEIPT_DIR", "").strip()
+        return cls(variant, parse_canaries(env.get("KVCANARY_CANARIES", "")),
+                   Path(receipt_dir) if receipt_dir else None, allow == "1")
+
+
+def process_role() -> str:
+    """api_server | engine_core | worker | model_inspection | frontend, from vLLM's process names."""
+    name = multiprocessing.current_process().name
+    if name.startswith("EngineCore"):
+        return "engine_core"
+    if name.startswith("VllmWorker"):
+        return "worker"
+    if name.startswith("ApiServer"):
+        return "api_server"
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    main = spec.name if spec is not None else ""
+    if main == "vllm.model_executor.models.registry":
+        return "model_inspection"
+    if main.startswith("vllm.entrypoints"):
+        return "api_server"
+    return "frontend"
+
+
+def _platform() -> str:
+    from vllm.platforms import current_platform
+
+    for name in ("rocm", "cuda", "cpu", "xpu", "tpu"):
+        if getattr(current_platform, f"is_{name}", lambda: False)():
+            return name
+    return str(getattr(current_platform, "device_type", "unknown"))
+
+
+class _Plugin:
+    """What the plugin did in this process; every change rewrites this process's receipt."""
+
+    def __init__(self, config: PluginConfig) -> None:
+        import vllm
+
+        self.config = config
+        self.version = str(vllm.__version__)
+        self.platform = _platform()
+        self.release: Release | None = None
+        self.rebound: dict[str, dict[str, Any]] = {}
+        self.canaries: dict[str, dict[str, Any]] = {name: {"status": "requested"} for name in config.canaries}
+        self.poisoner = KVPoisoner()
+        self._lock = threading.RLock()
+        self._reset_process(inherited_from=None)
+
+    def _reset_process(self, inherited_from: int | None) -> None:
+        self.pid, self.inherited_from = os.getpid(), inherited_from
+        self.runs_model = False
+        self.backends: list[str] = []
+        self.device: str | None = None
+        self.kv_cache: dict[str, Any] | None = None
+
+    def after_fork(self) -> None:
+        """A forked child keeps the rebinding; its model, KV cache and receipt are its own."""
+        self._reset_process(inherited_from=self.pid)
+        self.poisoner = KVPoisoner()
+        for entry in self.rebound.values():
+            entry.pop("first_call_at", None)
+        for name, entry in self.canaries.items():
+            if name == NAN_KV_TAIL:
+                self.canaries[name] = {"status": "requested"}
+            else:
+                entry["inherited"] = True
+
+    # -- start-up ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        config = self.config
+        if config.variant != "stock" or config.canaries:
+            self.release = check_version(self.version, config.allow_unverified)
+        for target in TARGETS:
+            self.rebound[target.name] = {"status": "pending: module not imported in this process",
+                                         "backends": list(target.backends), "covers": target.covers}
+            _import_hooks.when_imported(target.module, functools.partial(self._on_backend_module, target))
+        for module in RUNNER_MODULES:
+            _import_hooks.when_imported(module, self._patch_runner)
+        if NAN_KV_TAIL in config.canaries:
+            for module, cls in WORKER_CLASSES:
+                _import_hooks.when_imported(module, functools.partial(self._patch_worker, cls))
+        if config.canaries:
+            _import_hooks.when_imported("vllm.v1.core.block_pool", self._patch_block_pool)
+        self.write()
+
+    def _on_backend_module(self, target: Target, module: ModuleType) -> None:
+        with self._lock:
+            entry = self.rebound[target.name]
+            current = getattr(module, target.attribute, None)
+            if current is None:
+                entry["status"] = f"absent: {target.module} has no attribute {target.attribute} in this vLLM"
+            elif getattr(current, "__kvcanary_adapter__", None):
+                entry["status"] = "rebound"  # by this process before a fork, or an earlier register()
+            elif self.config.variant == "stock":
+                entry.update(status="left alone: variant stock", current=_qualname(current))
+            elif target.kernel is None:
+                entry.update(status="present, not rebound", current=_qualname(current))
+            else:
+                self._rebind(target, module, current, entry)
+        self.write()
+
+    def _rebind(self, target: Target, module: ModuleType, original: Any, entry: dict[str, Any]) -> None:
+        actual = parameter_names(original)
+        release = self.release or matching_release(target.attribute, actual)
+        expected = release.signatures.get(target.attribute) if release else None
+        problem = signature_mismatch(expected, actual) if expected else "matches no verified release"
+        if problem:
+            message = (f"vLLM {self.version}: {target.name} ({_qualname(original)}) has the signature "
+                       f"({', '.join(actual)}): {problem} (built for the {release.line if release else 'verified'}"
+                       f" releases)")
+            if not self.config.allow_unverified:
+                raise UnsupportedVLLMError(f"{message}; {ALLOW_HINT}")
+            entry.update(status=f"skipped: {message}", current=_qualname(original))
+            return
+        import kernels
+
+        kernel = getattr(kernels, str(target.kernel), None)
+        if kernel is None:
+            raise RuntimeError(f"kvcanary's kernels package ({kernels.__file__}) exports no {target.kernel!r}; "
+                               "the plugin cannot inject it")
+        adapter = make_adapter(target.name, original, kernel, self.config.variant,
+                               functools.partial(self._observed, target.name))
+        setattr(module, target.attribute, adapter)
+        entry.update(status="rebound", signature_of=release.line if release else None,
+                     to=f"{kernel.__module__}.{kernel.__qualname__} (variant={self.config.variant})",
+                     **{"from": _qualname(original)})
+
+    # -- model runner, worker and block pool hooks ---------------------------------------------
+
+    def _patch_runner(self, module: ModuleType) -> None:
+        cls = module.GPUModelRunner
+        _wrap_once(cls, "initialize_kv_cache", self._after_kv_init, after=True)
+        if NAN_KV_TAIL in self.config.canaries:
+            _wrap_once(cls, "execute_model", self._before_step, after=False)
+
+    def _patch_worker(self, class_name: str, module: ModuleType) -> None:
+        _wrap_once(getattr(module, class_name), "compile_or_warm_up_model", self._after_warm_up, after=True)
+
+    def _patch_block_pool(self, module: ModuleType) -> None:
+        _wrap_once(module.BlockPool, "__init__", self._after_block_pool_init, after=True)
+
+    def _after_kv_init(self, runner: Any) -> None:
+        groups = getattr(runner, "attn_groups", None) or []
+        names = {group.backend.get_name() for per_group in groups for group in per_group}
+        with self._lock:
+            self.runs_model = True
+            self.backends = sorted(names)
+            self.kv_cache = describe_kv_caches(runner)
+            device = getattr(runner, "device", None)
+            if device is not None and getattr(device, "type", "") == "cuda":
+                import torch
+
+                self.device = torch.cuda.get_device_name(device)
+            if NAN_KV_TAIL in self.config.canaries:
+                self.poisoner.attach(runner)
+                elements = self.poisoner.fill_all()
+                self.canaries[NAN_KV_TAIL] = {"status": "applied", "elements_filled": elements, "after_warm_up": False,
+                                              "reissued_blocks": "not reachable yet: no block pool in this process"}
+        self.write()
+
+    def _after_warm_up(self, worker: Any) -> None:
+        """Warm-up writes dummy KV into blocks that real requests get first: poison them again."""
+        if not self.poisoner.attached:
+            return
+        self.poisoner.fill_all()
+        with self._lock:
+            self.canaries[NAN_KV_TAIL]["after_warm_up"] = True
+        self.write()
+
+    def _before_step(self, runner: Any) -> None:
+        if self.poisoner.attached:
+            self.poisoner.fill_reissued()
+
+    def _after_block_pool_init(self, pool: Any) -> None:
+        with self._lock:
+            if HIGH_BLOCK_IDS in self.config.canaries:
+                self.canaries[HIGH_BLOCK_IDS] = {"status": "applied", **reverse_free_order(pool)}
+            if NAN_KV_TAIL in self.config.canaries:
+                entry = self.canaries.setdefault(NAN_KV_TAIL, {"status": "requested"})
+                if self.poisoner.reuse_layout_ok():
+                    _wrap_once(type(pool), "get_new_blocks", self._after_get_new_blocks, after=True,
+                               pass_result=True)
+                    entry["reissued_blocks"] = "poisoned before the step that reuses them"
+                else:
+                    entry["reissued_blocks"] = ("not reachable: the model runs in another process"
+                                                if not self.poisoner.attached else
+                                                "not reachable: KV cache is not block-major")
+        self.write()
+
+    def _after_get_new_blocks(self, pool: Any, blocks: list[Any]) -> None:
+        self.poisoner.note_handed_out([b.block_id for b in blocks])
+
+    def _observed(self, target_name: str) -> None:
+        with self._lock:
+            self.rebound[target_name]["first_call_at"] = time.time()
+        self.write()
+
+    # -- receipt --------------------------------------------------------------------------
+
+    def execution_path(self) -> tuple[bool | None, str]:
+        if self.config.variant == "stock":
+            return False, "stock kernels: nothing rebound"
+        if self.platform == "cpu":
+            return False, f"{NOT_ON_PATH}: the CPU platform always runs its CPU attention backend"
+        if not self.runs_model:
+            return None, "no model runs in this process"
+        routes = {b: name for name, e in self.rebound.items() if e["status"] == "rebound" for b in e["backends"]}
+        if not self.backends:
+            return None, "unknown: no attention backend was selected"
+        missing = [b for b in self.backends if b not in routes]
+        if not missing:
+            return True, "on the execution path: " + "; ".join(
+                f"{b} calls {routes[b]} ({self.rebound[routes[b]]['covers']})" for b in self.backends)
+        if len(missing) < len(self.backends):
+            return None, f"partly on the execution path: {', '.join(missing)} call none of the rebound names"
+        return False, f"{NOT_ON_PATH}: {', '.join(missing)} call none of the rebound names"
+
+    def receipt(self) -> dict[str, Any]:
+        on_path, path = self.execution_path()
+        return {
+            "schema": 1, "pid": self.pid, "ppid": os.getppid(), "inherited_from": self.inherited_from,
+            "role": process_role(), "process_name": multiprocessing.current_process().name,
+            "runs_model": self.runs_model, "vllm_version": self.version, "platform": self.platform,
+            "device": self.device, "verified_release": self.release.line if self.release else None,
+            "allow_unverified_vllm": self.config.allow_unverified, "variant": self.config.variant,
+            "canaries": {"requested": list(self.config.canaries), "applied": self.canaries},
+            "rebound": self.rebound, "attention_backends": self.backends, "kv_cache": self.kv_cache,
+            "on_execution_path": on_path, "execution_path": path, "updated_at": time.time(),
+        }
+
+    def write(self) -> None:
+        if self.config.receipt_dir is None:
+            return
+        with self._lock:
+            write_receipt(self.config.receipt_dir, self.receipt())
+
+
+def _qualname(function: Any) -> str:
+    return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', repr(function))}"
+
+
+def _wrap_once(cls: type, method: str, hook: Callable[..., None], after: bool, pass_result: bool = False) -> None:
+    """Wrap `cls.method` (defined on `cls` itself) so `hook(self)` runs before or after it."""
+    original = cls.__dict__.get(method)
+    if original is None or getattr(original, "__kvcanary_hook__", False):
+        return
+
+    @functools.wraps(original)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not after:
+            hook(self)
+        result = original(self, *args, **kwargs)
+        if after and pass_result:
+            hook(self, result)
+        elif after:
+            hook(self)
+        return result
+
+    wrapper.__kvcanary_hook__ = True  # type: ignore[attr-defined]
+    setattr(cls, method, wrapper)
+
+
+_plugin: _Plugin | None = None
+_register_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    if _plugin is not None:
+        _plugin.after_fork()
+
+
+def register() -> None:
+    """vLLM's entry point; safe to call any number of times in any process."""
+    global _plugin
+    config = PluginConfig.from_env(os.environ)
+    if config is None:
+        return
+    with _register_lock:
+        if _plugin is not None:
+            _plugin.write()  # a forked child's first call, or a repeat: refresh the receipt only
+            return
+        plugin = _Plugin(config)
+        plugin.start()
+        _plugin = plugin
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        logger.info("kvcanary: variant %s, canaries %s, receipt %s", config.variant,
+                    ",".join(config.canaries) or "none", config.receipt_dir)
