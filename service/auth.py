@@ -6,10 +6,11 @@ import hashlib
 import secrets
 from enum import StrEnum
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from service.db.models import ApiToken, utcnow
+from service.db.session import session_scope
 
 TOKEN_PREFIX = "kvc_"
 
@@ -39,11 +40,14 @@ def create_token(session: Session, name: str, role: Role) -> str:
 
 
 def lookup(session: Session, token: str) -> ApiToken | None:
-    """The live token row for a presented secret, with its last use stamped."""
-    row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token), ApiToken.revoked.is_(False)))
-    if row is not None:
-        row.last_used_at = utcnow()
-    return row
+    """The live token row for a presented secret."""
+    return session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token), ApiToken.revoked.is_(False)))
+
+
+def stamp_use(url: str, token_id: int) -> None:
+    """Record when a token was last used, in a write transaction of its own."""
+    with session_scope(url) as session:
+        session.execute(update(ApiToken).where(ApiToken.id == token_id).values(last_used_at=utcnow()))
 
 
 def allows(role: str, needed: Role) -> bool:

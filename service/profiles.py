@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from evals import suites as suite_registry
 from evals.suites.base import SuiteConfig
+from service.scheduling.cron import validate as validate_cron
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 Variant = Literal["fixed", "legacy", "stock"]
@@ -73,6 +74,11 @@ class ScheduleSpec(Strict):
     timezone: str = "UTC"
     enabled: bool = False
     labels: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _cron_valid(self) -> ScheduleSpec:
+        validate_cron(self.cron, self.timezone)
+        return self
 
 
 class SuiteEntry(BaseModel):

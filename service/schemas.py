@@ -23,6 +23,18 @@ MAX_LABEL_VALUE = 512
 T = TypeVar("T")
 
 
+def check_labels(labels: dict[str, str]) -> dict[str, str]:
+    """Labels end up in filters, alerts and pages: bounded, simple keys, printable values."""
+    if len(labels) > MAX_LABELS:
+        raise ValueError(f"at most {MAX_LABELS} labels")
+    for key, value in labels.items():
+        if not re.match(LABEL_KEY, key):
+            raise ValueError(f"label key {key!r} must match {LABEL_KEY}")
+        if len(value) > MAX_LABEL_VALUE or any(ord(c) < 32 for c in value):
+            raise ValueError(f"label {key!r}: at most {MAX_LABEL_VALUE} printable characters")
+    return labels
+
+
 class RunCreate(BaseModel):
     """What CI sends. Only `profile` is required."""
 
@@ -55,14 +67,7 @@ class RunCreate(BaseModel):
     @field_validator("labels")
     @classmethod
     def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
-        if len(labels) > MAX_LABELS:
-            raise ValueError(f"at most {MAX_LABELS} labels")
-        for key, value in labels.items():
-            if not re.match(LABEL_KEY, key):
-                raise ValueError(f"label key {key!r} must match {LABEL_KEY}")
-            if len(value) > MAX_LABEL_VALUE or any(ord(c) < 32 for c in value):
-                raise ValueError(f"label {key!r}: at most {MAX_LABEL_VALUE} printable characters")
-        return labels
+        return check_labels(labels)
 
     @field_validator("compare")
     @classmethod

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, status
 
 from service import baselines
-from service.api.deps import Admin, ProfilesDep, SessionDep, Viewer
+from service.api.deps import Admin, ProfilesDep, SessionDep, Viewer, WriterDep
 from service.schemas import BaselineOut, BaselineUpdate, ProfileOut
 
 router = APIRouter(prefix="/api/v1", tags=["catalog"])
@@ -31,12 +31,13 @@ def list_baselines(
 def put_baseline(
     change: BaselineUpdate,
     caller: Admin,
-    session: SessionDep,
+    writer: WriterDep,
     profiles: ProfilesDep,
 ) -> BaselineOut:
     """Change one baseline (value, tolerance, source, reference run); the change is kept in history."""
     try:
-        return baselines.update(session, change, caller.name, profiles)
+        with writer() as session:
+            return baselines.update(session, change, caller.name, profiles)
     except baselines.BaselineError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
 
@@ -50,11 +51,12 @@ def baseline_history(profile: str, _: Viewer, session: SessionDep) -> list[dict[
 def promote_run(
     run_id: int,
     caller: Admin,
-    session: SessionDep,
+    writer: WriterDep,
     profiles: ProfilesDep,
 ) -> list[BaselineOut]:
     """Make this run the paired reference for each metric it reported."""
     try:
-        return baselines.promote(session, run_id, caller.name, profiles)
+        with writer() as session:
+            return baselines.promote(session, run_id, caller.name, profiles)
     except baselines.BaselineError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc

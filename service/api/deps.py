@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -10,7 +11,7 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from service.auth import Role, allows, lookup
+from service.auth import Role, allows, lookup, stamp_use
 from service.db.session import session_scope
 from service.profiles import Profile
 from service.settings import Settings
@@ -24,8 +25,27 @@ def get_settings(request: Request) -> Settings:
 
 
 def get_session(settings: Annotated[Settings, Depends(get_settings)]) -> Iterator[Session]:
-    with session_scope(settings.resolved_database_url()) as session:
+    """A read session for the whole request. Writes go through `Writer` instead."""
+    with session_scope(settings.resolved_database_url(), write=False) as session:
         yield session
+
+
+@dataclass(frozen=True)
+class Writer:
+    """Opens a write transaction inside the endpoint's own code: `with writer() as session:`.
+
+    Kept out of dependency set-up and tear-down, which run in other threads, so a write lock
+    is never held while the request waits for a thread (see service.db.session).
+    """
+
+    url: str
+
+    def __call__(self) -> AbstractContextManager[Session]:
+        return session_scope(self.url)
+
+
+def get_writer(settings: Annotated[Settings, Depends(get_settings)]) -> Writer:
+    return Writer(settings.resolved_database_url())
 
 
 def get_profiles(request: Request) -> dict[str, Profile]:
@@ -71,6 +91,8 @@ def require(role: Role) -> Callable[..., Caller]:
                 headers={"WWW-Authenticate": "Bearer"},
             )
         row = lookup(session, token)
+        if row is not None:
+            stamp_use(settings.resolved_database_url(), row.id)
         if row is None:
             raise HTTPException(
                 status.HTTP_401_UNAUTHORIZED, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"}
@@ -85,6 +107,7 @@ def require(role: Role) -> Callable[..., Caller]:
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
+WriterDep = Annotated[Writer, Depends(get_writer)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 ProfilesDep = Annotated[dict[str, Profile], Depends(get_profiles)]
 Viewer = Annotated[Caller, Depends(require(Role.VIEWER))]

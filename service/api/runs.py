@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 from sqlalchemy.orm import Session
 
-from service.api.deps import CI, ProfilesDep, SessionDep, Viewer
+from service.api.deps import CI, ProfilesDep, SessionDep, Viewer, WriterDep
 from service.db.models import Run
 from service.profiles import ProfileError, apply_overrides
 from service.runs import queries, queue
@@ -38,36 +38,36 @@ def create_run(
     request: Request,
     response: Response,
     caller: CI,
-    session: SessionDep,
+    writer: WriterDep,
     profiles: ProfilesDep,
     idempotency_key: Annotated[str | None, Header(max_length=128, pattern=r"^[\x21-\x7e]+$")] = None,
 ) -> RunDetail:
     """Queue a run of a profile; returns at once. Poll `GET /api/v1/runs/{id}` for progress."""
     profile = profiles.get(body.profile)
     if profile is None:
-        raise HTTPException(
-            status.HTTP_404_NOT_FOUND,
-            f"unknown profile {body.profile!r}; known profiles: {', '.join(sorted(profiles))}",
-        )
+        known = ", ".join(sorted(profiles))
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown profile {body.profile!r}; known profiles: {known}")
     try:
         apply_overrides(profile, body.overrides)
     except (ProfileError, ValueError) as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"overrides: {exc}") from exc
-    run, created = queue.enqueue(
-        session,
-        profile=profile.name,
-        trigger=body.trigger,
-        triggered_by=caller.name,
-        labels=body.labels,
-        overrides=body.overrides.model_dump(exclude_none=True),
-        variants=list(body.compare or []),
-        max_attempts=profile.max_attempts,
-        idempotency_key=idempotency_key,
-    )
+    with writer() as session:
+        run, created = queue.enqueue(
+            session,
+            profile=profile.name,
+            trigger=body.trigger,
+            triggered_by=caller.name,
+            labels=body.labels,
+            overrides=body.overrides.model_dump(exclude_none=True),
+            variants=list(body.compare or []),
+            max_attempts=profile.max_attempts,
+            idempotency_key=idempotency_key,
+        )
+        session.flush()
+        detail = queries.run_detail(session, run, _base_url(request))
     if not created:
         response.status_code = status.HTTP_200_OK
-    session.flush()
-    return queries.run_detail(session, run, _base_url(request))
+    return detail
 
 
 @router.get("", response_model=Page[RunSummary])
@@ -121,14 +121,10 @@ def get_samples(
 
 
 @router.post("/{run_id}/cancel", response_model=RunDetail)
-def cancel_run(
-    run_id: int,
-    request: Request,
-    caller: CI,
-    session: SessionDep,
-) -> RunDetail:
+def cancel_run(run_id: int, request: Request, caller: CI, writer: WriterDep) -> RunDetail:
     """Queued runs end at once; a running one stops its engine and ends as `cancelled`."""
-    run = _get_run(session, run_id)
-    queue.request_cancel(session, run, caller.name)
-    session.flush()
-    return queries.run_detail(session, run, _base_url(request))
+    with writer() as session:
+        run = _get_run(session, run_id)
+        queue.request_cancel(session, run, caller.name)
+        session.flush()
+        return queries.run_detail(session, run, _base_url(request))

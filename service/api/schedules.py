@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, status
 
-from service.api.deps import Admin, ProfilesDep, SessionDep, Viewer
+from service.api.deps import Admin, ProfilesDep, SessionDep, Viewer, WriterDep
 from service.scheduling import schedules
 from service.scheduling.schemas import ScheduleOut, ScheduleUpdate
 
@@ -17,9 +17,10 @@ def list_schedules(_: Viewer, session: SessionDep) -> list[ScheduleOut]:
 
 
 @router.put("", response_model=ScheduleOut)
-def put_schedule(change: ScheduleUpdate, _: Admin, session: SessionDep, profiles: ProfilesDep) -> ScheduleOut:
+def put_schedule(change: ScheduleUpdate, _: Admin, writer: WriterDep, profiles: ProfilesDep) -> ScheduleOut:
     """Change a schedule by name, or create one; from then on its profile's block no longer applies to it."""
     try:
-        return schedules.update(session, change, profiles)
+        with writer() as session:
+            return schedules.update(session, change, profiles)
     except schedules.ScheduleError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc

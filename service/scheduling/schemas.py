@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Any
 
@@ -10,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from service.db.models import Schedule, ScheduleFire
 from service.scheduling.cron import CronError, validate
-from service.schemas import LABEL_KEY, MAX_LABEL_VALUE, MAX_LABELS
+from service.schemas import check_labels
 
 
 class FireOut(BaseModel):
@@ -84,16 +83,7 @@ class ScheduleUpdate(BaseModel):
     @field_validator("labels")
     @classmethod
     def _labels(cls, labels: dict[str, str] | None) -> dict[str, str] | None:
-        if labels is None:
-            return None
-        if len(labels) > MAX_LABELS:
-            raise ValueError(f"at most {MAX_LABELS} labels")
-        for key, value in labels.items():
-            if not re.match(LABEL_KEY, key):
-                raise ValueError(f"label key {key!r} must match {LABEL_KEY}")
-            if len(value) > MAX_LABEL_VALUE or any(ord(c) < 32 for c in value):
-                raise ValueError(f"label {key!r}: at most {MAX_LABEL_VALUE} printable characters")
-        return labels
+        return None if labels is None else check_labels(labels)
 
     @model_validator(mode="after")
     def _cron_and_zone_valid(self) -> ScheduleUpdate:

@@ -99,7 +99,7 @@ def test_bad_input_is_named(service: LiveService) -> None:
 
     huge = httpx.post(
         f"{service.url}/api/v1/runs",
-        json={"profile": PROFILE, "labels": {"note": "x" * 500, **{f"k{i}": "v" * 400 for i in range(19)}}},
+        json={"profile": PROFILE, "labels": {"note": "x" * 70_000}},
         headers=headers,
     )
     assert huge.status_code == 413
