@@ -330,7 +330,7 @@ def _decide(
     if rule is not None and line is not None:
         higher = rule.direction == "higher"
         broken = measured.value < line - _FLOAT_SLACK if higher else measured.value > line + _FLOAT_SLACK
-        state = ("below" if higher else "above") if broken else "meets"
+        state = ("is below" if higher else "is above") if broken else "meets"
         origin = "baseline" if baseline is not None and baseline.value is not None else "reference"
         sentences.append(f"It {state} the threshold {_fmt(kind, line)} ({_rule_text(kind, rule, origin)}).")
     elif paired is not None:
