@@ -26,7 +26,7 @@ def when_imported(module_name: str, callback: Callback) -> None:
     """Call `callback(module)` once `module_name` is imported (now, if it is already)."""
     with _lock:
         module = sys.modules.get(module_name)
-        if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+        if module is None:
             _callbacks.setdefault(module_name, []).append(callback)
             if not any(isinstance(f, _PostImportFinder) for f in sys.meta_path):
                 sys.meta_path.insert(0, _PostImportFinder())

@@ -19,9 +19,11 @@ Usage: python scripts/gpu/prove_injection.py --out DIR --whisper-tokenizer DIR [
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -114,13 +116,17 @@ def launch(run: Run, model_dir: Path, work: Path, timeout_s: float) -> dict[str,
     result_path = run_dir / "result.json"
     began = time.monotonic()
     with (run_dir / "engine.log").open("w") as log:
+        child = subprocess.Popen(
+            [sys.executable, __file__, "--serve", json.dumps(asdict(run)), str(model_dir), str(result_path)],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
         try:
-            code: int | str = subprocess.run(
-                [sys.executable, __file__, "--serve", json.dumps(asdict(run)), str(model_dir), str(result_path)],
-                env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, start_new_session=True,
-            ).returncode
+            code: int | str = child.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             code = f"timeout after {timeout_s:.0f} s"
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)  # the engine core outlives a crashed front end
+        child.wait()
     record: dict[str, Any] = {"run": asdict(run), "exit": code, "seconds": round(time.monotonic() - began, 1),
                               "receipts": read_receipts(run_dir / "receipts")}
     if code == 0 and result_path.exists():
@@ -131,9 +137,13 @@ def launch(run: Run, model_dir: Path, work: Path, timeout_s: float) -> dict[str,
 
 
 def _error_line(log: Path) -> str:
+    """The most telling line of a failed run's log: a CUDA fault first, then any error."""
     lines = log.read_text(errors="replace").splitlines()
-    hits = [line for line in lines if "Error" in line or "error:" in line or "illegal" in line.lower()]
-    return (hits[-1] if hits else (lines[-1] if lines else "no output")).strip()[:300]
+    for marks in (("illegal memory access", "CUDA error"), ("Error", "error:")):
+        hits = [line for line in lines if any(m in line for m in marks)]
+        if hits:
+            return hits[0].strip()[:300]
+    return (lines[-1] if lines else "no output").strip()[:300]
 
 
 def model_runner_receipt(record: dict[str, Any]) -> dict[str, Any] | None:
