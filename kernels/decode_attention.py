@@ -24,6 +24,22 @@ from kernels._split_kv import merge_splits
 
 
 @triton.jit
+def _tile_ptrs(base_ptr, page, stride_page, row_offs, cols, PAGE_OFFSET_INT64: tl.constexpr, ONE_PAGE: tl.constexpr):
+    """Pointers ``base + page * stride_page + row_offs[:, None] + cols[None, :]``, where
+    ``page`` is a scalar (ONE_PAGE) or one page id per row. Only the page product needs
+    int64; the in-page offsets stay int32 and are added to the page's base pointer."""
+    offs = row_offs[:, None] + cols[None, :]
+    if not ONE_PAGE:
+        page = page[:, None]
+    if PAGE_OFFSET_INT64:
+        ptrs = (base_ptr + page.to(tl.int64) * stride_page) + offs
+    else:
+        # Pre-fix arithmetic: the whole offset in int32, which wraps past 2^31 elements.
+        ptrs = base_ptr + (page * stride_page + offs)
+    return ptrs
+
+
+@triton.jit
 def _decode_tiles(
     acc,
     m_i,
@@ -53,6 +69,7 @@ def _decode_tiles(
     V_PAD: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     TILE: tl.constexpr,
+    TILE_IN_ONE_PAGE: tl.constexpr,
     V_IS_K_MAIN: tl.constexpr,
     USE_LOGIT_CAP: tl.constexpr,
     PAGE_OFFSET_INT64: tl.constexpr,
@@ -60,7 +77,9 @@ def _decode_tiles(
 ):
     """Online-softmax accumulation over ``num_tiles`` tiles of TILE keys from ``start``.
 
-    Only the MASKED call (the sequence's last, partial tile) masks loads at ``end``.
+    Only the MASKED call (the sequence's last, partial tile) masks loads at ``end``. When
+    tiles never straddle a page (TILE_IN_ONE_PAGE), a tile's page id is one scalar: one
+    table load and one int64 product per tile instead of one per key.
     """
     offs_n = tl.arange(0, TILE)
     d_main = tl.arange(0, QK_MAIN_PAD)
@@ -68,22 +87,24 @@ def _decode_tiles(
     for t in tl.range(0, num_tiles):
         pos = start + t * TILE + offs_n
         in_seq = pos < end
-        if MASKED:
+        if TILE_IN_ONE_PAGE:
+            page = tl.load(table_row_ptr + (start + t * TILE) // PAGE_SIZE)
+        elif MASKED:
             page = tl.load(table_row_ptr + pos // PAGE_SIZE, mask=in_seq, other=0)
         else:
             page = tl.load(table_row_ptr + pos // PAGE_SIZE)
-        if PAGE_OFFSET_INT64:
-            page = page.to(tl.int64)
-        k_rows = k_ptr + (page * stride_k_page + (pos % PAGE_SIZE) * stride_k_pos + kv_head * stride_k_head)
-        k_mask = in_seq[:, None] & (d_main < QK_MAIN)[None, :]
+        k_rows = (pos % PAGE_SIZE) * stride_k_pos + kv_head * stride_k_head
+        k_ptrs = _tile_ptrs(k_ptr, page, stride_k_page, k_rows, d_main, PAGE_OFFSET_INT64, TILE_IN_ONE_PAGE)
         if MASKED or QK_MAIN != QK_MAIN_PAD:
-            k_main = tl.load(k_rows[:, None] + d_main[None, :], mask=k_mask, other=0.0)
+            k_main = tl.load(k_ptrs, mask=in_seq[:, None] & (d_main < QK_MAIN)[None, :], other=0.0)
         else:
-            k_main = tl.load(k_rows[:, None] + d_main[None, :])
+            k_main = tl.load(k_ptrs)
         s = tl.dot(q_main, tl.trans(k_main))
         if QK_ROPE > 0:
             d_rope = tl.arange(0, QK_ROPE_PAD)
-            rope_ptrs = k_rows[:, None] + QK_MAIN + d_rope[None, :]
+            rope_ptrs = _tile_ptrs(
+                k_ptr, page, stride_k_page, k_rows, QK_MAIN + d_rope, PAGE_OFFSET_INT64, TILE_IN_ONE_PAGE
+            )
             if MASKED or QK_ROPE != QK_ROPE_PAD:
                 k_rope = tl.load(rope_ptrs, mask=in_seq[:, None] & (d_rope < QK_ROPE)[None, :], other=0.0)
             else:
@@ -99,12 +120,12 @@ def _decode_tiles(
         if V_IS_K_MAIN:
             v = k_main
         else:
-            v_rows = v_ptr + (page * stride_v_page + (pos % PAGE_SIZE) * stride_v_pos + kv_head * stride_v_head)
-            v_mask = in_seq[:, None] & (d_v < V_DIM)[None, :]
+            v_rows = (pos % PAGE_SIZE) * stride_v_pos + kv_head * stride_v_head
+            v_ptrs = _tile_ptrs(v_ptr, page, stride_v_page, v_rows, d_v, PAGE_OFFSET_INT64, TILE_IN_ONE_PAGE)
             if MASKED or V_DIM != V_PAD:
-                v = tl.load(v_rows[:, None] + d_v[None, :], mask=v_mask, other=0.0)
+                v = tl.load(v_ptrs, mask=in_seq[:, None] & (d_v < V_DIM)[None, :], other=0.0)
             else:
-                v = tl.load(v_rows[:, None] + d_v[None, :])
+                v = tl.load(v_ptrs)
 
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp2(s - m_new[:, None])
@@ -150,6 +171,7 @@ def _decode_split_kernel(
     V_PAD: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     TILE: tl.constexpr,
+    TILE_IN_ONE_PAGE: tl.constexpr,
     V_IS_K_MAIN: tl.constexpr,
     USE_LOGIT_CAP: tl.constexpr,
     PAGE_OFFSET_INT64: tl.constexpr,
@@ -194,7 +216,7 @@ def _decode_split_kernel(
             k_ptr, v_ptr, table_row_ptr, kv_head,
             stride_k_page, stride_k_pos, stride_k_head, stride_v_page, stride_v_pos, stride_v_head,
             scale, logit_cap,
-            QK_MAIN, QK_MAIN_PAD, QK_ROPE, QK_ROPE_PAD, V_DIM, V_PAD, PAGE_SIZE, TILE,
+            QK_MAIN, QK_MAIN_PAD, QK_ROPE, QK_ROPE_PAD, V_DIM, V_PAD, PAGE_SIZE, TILE, TILE_IN_ONE_PAGE,
             V_IS_K_MAIN, USE_LOGIT_CAP, PAGE_OFFSET_INT64, part == 1,
         )  # fmt: skip
 
@@ -206,15 +228,18 @@ def _decode_split_kernel(
     tl.store(part_rows + V_DIM, lse, mask=head_ok)
 
 
-# An MLA program (16 heads, 32 keys of 576 a tile, 8 warps) keeps about 2 resident per
+# An MLA program (16 heads, 64 keys of 576 a tile, 8 warps) keeps about 2 resident per
 # multiprocessor: split the keys so that one wave fills them. Rounding down keeps a second,
-# mostly idle wave away; fewer splits also mean less partial traffic for stage 2.
+# mostly idle wave away; fewer splits also mean less partial traffic for stage 2. Tiles that
+# divide the page size let a tile's page id be one scalar.
 _PROGRAMS_PER_SM = 2
 _BLOCK_H = 16
 
 
-def _default_launch(is_mla: bool, programs_per_split: int, num_sms: int) -> Launch:
+def _default_launch(is_mla: bool, programs_per_split: int, num_sms: int, page_size: int) -> Launch:
     splits = max(1, _PROGRAMS_PER_SM * num_sms // programs_per_split)
+    if page_size % 64 == 0:
+        return Launch(tile=64, num_warps=8 if is_mla else 4, num_stages=2, num_splits=splits)
     return Launch(tile=32, num_warps=8 if is_mla else 4, num_stages=3 if is_mla else 2, num_splits=splits)
 
 
@@ -315,7 +340,7 @@ def decode_attention_fwd(
     head_blocks = triton.cdiv(num_q_heads, heads_per_program)
     qk_main = lv if is_mla else lk
     qk_rope = lk - lv if is_mla else 0
-    default = _default_launch(is_mla, batch * head_blocks, sm_count(q.device))
+    default = _default_launch(is_mla, batch * head_blocks, sm_count(q.device), page_size)
     launch = (config or LaunchConfig()).resolve(default)
     num_splits = min(launch.num_splits, num_kv_splits)
 
@@ -336,6 +361,7 @@ def decode_attention_fwd(
         V_PAD=max(16, triton.next_power_of_2(lv)),
         PAGE_SIZE=page_size,
         TILE=launch.tile,
+        TILE_IN_ONE_PAGE=page_size % launch.tile == 0,
         V_IS_K_MAIN=is_mla,
         USE_LOGIT_CAP=logit_cap > 0,
         PAGE_OFFSET_INT64=variant == "fixed",

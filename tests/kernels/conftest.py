@@ -158,8 +158,8 @@ _MAP_NORESERVE = 0x4000  # Linux: do not reserve swap; untouched pages cost no m
 
 
 @pytest.fixture
-def huge_buffer() -> Iterator[Callable[[int], torch.Tensor]]:
-    """Factory of a flat fp16 buffer of more than 2^31 elements, cheap on a CPU host.
+def huge_buffer() -> Iterator[Callable[[int, torch.dtype], torch.Tensor]]:
+    """Factory of a flat 16-bit buffer of more than 2^31 elements, cheap on a CPU host.
 
     The int32-wrap cases need page offsets past 2^31 elements. On a CPU host the buffer is
     an anonymous mapping that commits only the pages written, so a 12 GiB buffer costs a
@@ -168,16 +168,16 @@ def huge_buffer() -> Iterator[Callable[[int], torch.Tensor]]:
     """
     maps: list[mmap.mmap] = []
 
-    def make(num_elements: int) -> torch.Tensor:
+    def make(num_elements: int, dtype: torch.dtype) -> torch.Tensor:
         if ON_GPU:
-            return torch.empty(num_elements, dtype=torch.float16, device=DEVICE)
+            return torch.empty(num_elements, dtype=dtype, device=DEVICE)
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
         try:
             region = mmap.mmap(-1, num_elements * 2, flags=flags)
         except OSError as exc:
             pytest.skip(f"this host refuses a lazy {num_elements * 2 >> 30} GiB mapping: {exc}")
         maps.append(region)
-        return torch.frombuffer(region, dtype=torch.float16)
+        return torch.frombuffer(region, dtype=dtype)
 
     yield make
     for region in maps:

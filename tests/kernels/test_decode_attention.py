@@ -143,14 +143,14 @@ KIMI_SMALL = Case("kimi_mla_small", [700, 1000], 16, 1, 576, 512, KIMI_PAGE_SIZE
 KIMI_SMALL_PAGES = [[5, FIRST_WRAPPING_PAGE], [FIRST_WRAPPING_PAGE - 1, 9000, 15000]]
 
 
-def test_page_offsets_past_int32(huge_buffer: Callable[[int], torch.Tensor], gen: torch.Generator) -> None:
+def test_page_offsets_past_int32(huge_buffer: Callable[[int, torch.dtype], torch.Tensor], gen: torch.Generator) -> None:
     """Page ids 7,767 to 15,000 with Kimi's 276,480-element pages: the fixed kernel reads
     them right; the legacy twin's int32 offsets wrap 4 Gi elements back and read other
     memory. The buffer starts 2^31 elements before the cache so that wrapped reads land in
     it (on a GPU they would fault and take the process down)."""
     offset = 2**31
     num_elements = offset + (max(map(max, KIMI_SMALL_PAGES)) + 1) * KIMI_PAGE_STRIDE
-    k = kimi_cache(KIMI_SMALL, torch.float16, gen, KIMI_SMALL_PAGES, huge_buffer(num_elements), offset)
+    k = kimi_cache(KIMI_SMALL, torch.float16, gen, KIMI_SMALL_PAGES, huge_buffer(num_elements, torch.float16), offset)
     table = block_table(KIMI_SMALL_PAGES)
     err_fixed, _ = run(KIMI_SMALL, k, k[..., :512], table, torch.float16, gen, "fixed")
     err_legacy, _ = run(KIMI_SMALL, k, k[..., :512], table, torch.float16, gen, "legacy")
@@ -195,11 +195,11 @@ def kimi_real_pages(gen: torch.Generator) -> list[list[int]]:
 
 @pytest.mark.gpu
 @needs_gpu
-def test_real_size_kimi_page_ids(huge_buffer: Callable[[int], torch.Tensor], gen: torch.Generator) -> None:
+def test_real_size_kimi_page_ids(huge_buffer: Callable[[int, torch.dtype], torch.Tensor], gen: torch.Generator) -> None:
     dtype = torch.bfloat16
     pages = kimi_real_pages(gen)
     num_elements = (max(map(max, pages)) + 1) * KIMI_PAGE_STRIDE
-    k = kimi_cache(KIMI_REAL, dtype, gen, pages, huge_buffer(num_elements), 0)
+    k = kimi_cache(KIMI_REAL, dtype, gen, pages, huge_buffer(num_elements, dtype), 0)
     err_o, err_lse = run(KIMI_REAL, k, k[..., :512], block_table(pages), dtype, gen, "fixed")
     assert err_o < 1e-2
     assert err_lse < 1e-2

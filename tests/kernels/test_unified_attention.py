@@ -124,7 +124,7 @@ def test_nan_tail_poisons_legacy_noncausal_only(case: Case, gen: torch.Generator
 
 @pytest.mark.parametrize("variant", ["fixed", "legacy"])
 def test_block_ids_past_int32_offsets(
-    huge_buffer: Callable[[int], torch.Tensor], variant: str, gen: torch.Generator
+    huge_buffer: Callable[[int, torch.dtype], torch.Tensor], variant: str, gen: torch.Generator
 ) -> None:
     """Block ids whose offsets pass 2^31 elements: the unified kernel indexes blocks in
     int64 in both variants (it never had the decode kernel's wrap)."""
@@ -133,7 +133,9 @@ def test_block_ids_past_int32_offsets(
     first = 2**31 // block_elements + 1
     pages = [[3, first], [first + 5, first + 1, 7]]
     num_blocks = first + 6
-    kv = huge_buffer(num_blocks * block_elements).view(num_blocks, 2, case.block_size, case.num_kv_heads, -1)
+    kv = huge_buffer(num_blocks * block_elements, torch.float16).view(
+        num_blocks, 2, case.block_size, case.num_kv_heads, -1
+    )
     for page in {p for ids in pages for p in ids}:
         kv[page] = randn(gen, *kv.shape[1:], dtype=torch.float16)
     k, v = kv.unbind(1)
