@@ -60,15 +60,9 @@ class Gsm8kConfig(SuiteConfig):
 
     @model_validator(mode="after")
     def _local_mirror_is_complete(self) -> Gsm8kConfig:
-        if self.test_file is None:
-            if self.fewshot_file is not None:
-                raise ValueError("gsm8k: `fewshot_file` needs `test_file` (the local mirror's test split)")
-            return self
-        files = [self.test_file] + ([self.fewshot_file] if self.fewshot_file is not None else [])
-        formats = {LOCAL_FORMATS.get(path.suffix) for path in files}
-        if None in formats or len(formats) > 1:
-            raise ValueError(f"gsm8k: local files must all be .jsonl or all .parquet; got {[str(p) for p in files]}")
-        if self.fewshot_file is None and self.num_fewshot > 0:
+        if self.test_file is None and self.fewshot_file is not None:
+            raise ValueError("gsm8k: `fewshot_file` needs `test_file` (the local mirror's test split)")
+        if self.test_file is not None and self.fewshot_file is None and self.num_fewshot > 0:
             raise ValueError(f"gsm8k: num_fewshot={self.num_fewshot} with a local `test_file` needs `fewshot_file`")
         return self
 
@@ -81,8 +75,12 @@ def task_spec(config: Gsm8kConfig) -> dict[str, Any]:
     spec: dict[str, Any] = {"task": TASK, "include": str(stock)}
     if config.test_file is None:
         return spec | {"dataset_path": config.hub_path, "dataset_name": config.hub_name, "test_split": config.split}
-    for path in (config.test_file, config.fewshot_file):
-        if path is not None and not path.is_file():
+    paths = [p for p in (config.test_file, config.fewshot_file) if p is not None]
+    formats = {LOCAL_FORMATS.get(p.suffix) for p in paths}
+    if None in formats or len(formats) > 1:
+        raise ValueError(f"gsm8k: local files must all be .jsonl or all .parquet; got {[str(p) for p in paths]}")
+    for path in paths:
+        if not path.is_file():
             raise FileNotFoundError(f"gsm8k: local dataset file {path} does not exist")
     files = {"test": str(config.test_file.resolve())}
     if config.fewshot_file is not None:

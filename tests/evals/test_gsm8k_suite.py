@@ -31,14 +31,18 @@ def local_config(**fields: Any) -> gsm8k.Gsm8kConfig:
     return gsm8k.Gsm8kConfig(test_file=TEST_FILE, fewshot_file=FEWSHOT_FILE, **fields)
 
 
-def test_config_rejects_an_incomplete_or_mixed_local_mirror() -> None:
+def test_config_rejects_an_incomplete_or_mixed_local_mirror(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="needs `fewshot_file`"):
         gsm8k.Gsm8kConfig(test_file=TEST_FILE)
-    with pytest.raises(ValidationError, match=r"must all be \.jsonl or all \.parquet"):
-        gsm8k.Gsm8kConfig(test_file=TEST_FILE, fewshot_file=Path("train.parquet"))
     with pytest.raises(ValidationError, match="needs `test_file`"):
         gsm8k.Gsm8kConfig(fewshot_file=FEWSHOT_FILE)
     assert gsm8k.Gsm8kConfig(test_file=TEST_FILE, num_fewshot=0).fewshot_file is None
+    # Profiles are validated before `fixture:` references become paths: formats are checked later.
+    mixed = gsm8k.Gsm8kConfig(test_file="fixture:gsm8k-test", fewshot_file=tmp_path / "train.parquet")
+    with pytest.raises(ValueError, match=r"must all be \.jsonl or all \.parquet"):
+        gsm8k.task_spec(mixed)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        gsm8k.task_spec(gsm8k.Gsm8kConfig(test_file=tmp_path / "a.jsonl", fewshot_file=FEWSHOT_FILE))
 
 
 def test_hub_source_is_the_stock_task_on_openai_gsm8k() -> None:
@@ -151,3 +155,11 @@ def test_stop_keeps_answers_and_a_resumed_run_reuses_them(gsm8k_engine: Engine, 
     for sample in outcome.samples:
         if sample.key in kept:
             assert sample == kept[sample.key]
+
+
+@pytest.mark.engine
+def test_one_request_at_a_time_still_reports_every_answer(gsm8k_engine: Engine, tmp_path: Path) -> None:
+    recorder = Recorder()
+    outcome = gsm8k.run(recorder.context(gsm8k_engine, local_config(limit=5, concurrency=1), tmp_path))
+    assert recorder.progress == [(done, 5) for done in range(6)]
+    assert sorted(recorder.emitted, key=lambda s: s.key) == list(outcome.samples) and len(outcome.samples) == 5
