@@ -2,12 +2,12 @@
 
 Triton decides at decoration time whether a function is compiled or interpreted, and that
 includes its own library functions (``tl.max``, ``tl.cdiv``...), decorated when triton is
-first imported. On a host without CUDA this conftest therefore imports triton and the
-kernels with ``TRITON_INTERPRET=1`` and restores the variable straight after (it is set
-again only while a kernel test runs), so no other test and no process started by one
-inherits it. If something imported triton compiled before this conftest ran, the
-interpreter cannot be had in this process: the CPU kernel tests then skip and say to run
-``python -m pytest tests/kernels`` on its own.
+first imported: often before this conftest runs (the service's imports reach ``kernels``).
+On a host without CUDA this conftest therefore (re)imports the kernel modules with
+``TRITON_INTERPRET=1``, and while a kernel test runs it sets the variable (Triton reads it
+again at the first launch) and swaps Triton's compiled library functions for interpreted
+twins. Both are undone after each test, so no other test and no process started by one
+sees them.
 """
 
 import contextlib
@@ -18,6 +18,7 @@ import sys
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
@@ -27,20 +28,7 @@ DEVICE = "cuda" if ON_GPU else "cpu"
 _KERNEL_MODULES = ("kernels._split_kv", "kernels.unified_attention", "kernels.decode_attention")
 
 
-def _triton_interprets() -> bool:
-    import triton.language.standard
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return isinstance(triton.language.standard.cdiv, InterpretedFunction)
-
-
-def _import_kernels_interpreted() -> str | None:
-    """Import triton and the kernels interpreted; the reason it is impossible, if it is."""
-    if "triton" in sys.modules and not _triton_interprets():
-        return (
-            "triton was imported compiled earlier in this process, so Triton's interpreter is "
-            "unavailable: run the kernel tests in their own process, python -m pytest tests/kernels"
-        )
+def _import_kernels_interpreted() -> None:
     previous = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
@@ -57,22 +45,36 @@ def _import_kernels_interpreted() -> str | None:
             del os.environ["TRITON_INTERPRET"]
         else:
             os.environ["TRITON_INTERPRET"] = previous
-    return None
 
 
-INTERPRETER_UNAVAILABLE = None if ON_GPU else _import_kernels_interpreted()
+if not ON_GPU:
+    _import_kernels_interpreted()
+
+_INTERPRETED_TWINS: dict[object, Any] = {}
+
+
+def _interpret_triton_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point ``tl.max``, ``tl.sum``, ``tl.cdiv``... (and the helpers they call) at interpreted
+    twins, where triton was imported compiled."""
+    import triton.language
+    import triton.language.standard
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    for module in (triton.language, triton.language.standard):
+        for name, value in list(vars(module).items()):
+            if isinstance(value, JITFunction):
+                twin = _INTERPRETED_TWINS.setdefault(value, InterpretedFunction(value.fn))
+                monkeypatch.setattr(module, name, twin)
 
 
 @pytest.fixture
-def kernel_runtime(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """For modules that launch kernels (``pytestmark = pytest.mark.usefixtures("kernel_runtime")``).
-    Triton imports some modules lazily at the first launch and checks the variable then:
-    keep it set while such a test runs."""
+def kernel_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For modules that launch kernels: ``pytestmark = pytest.mark.usefixtures("kernel_runtime")``."""
     if ON_GPU:
         return
-    if INTERPRETER_UNAVAILABLE and request.node.get_closest_marker("gpu") is None:
-        pytest.skip(INTERPRETER_UNAVAILABLE)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+    _interpret_triton_library(monkeypatch)
 
 
 @pytest.fixture

@@ -59,6 +59,8 @@ CASES = [
     Case("gqa_page7_packed", [50, 13, 1], 8, 2, 64, 64, 7, packed=True),
     Case("head80_logit_cap", [30, 21], 4, 2, 80, 80, 16, logit_cap=0.5),
     Case("mla_page16", [33, 70], 16, 1, 576, 512, 16, is_mla=True),
+    Case("mla_page64_tiles_in_one_page", [150, 64], 16, 1, 576, 512, 64, is_mla=True),
+    Case("gqa_page32_tiles_in_one_page", [70, 20], 8, 2, 64, 64, 32, config=LaunchConfig(tile=32)),
     Case(
         "mla_empty_splits",
         [20, 3],
