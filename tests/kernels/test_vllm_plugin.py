@@ -8,6 +8,7 @@ test_vllm_plugin_engine.py.
 from __future__ import annotations
 
 import json
+import sys
 import types
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from kernels import _vllm_compat, vllm_plugin
+from kernels import _import_hooks, _vllm_compat, vllm_plugin
 from kernels._adapters import make_adapter
 from kernels._vllm_compat import TARGETS, Target, UnsupportedVLLMError, check_version
 from kernels.canaries import KVPoisoner, describe_kv_caches, parse_canaries, reverse_free_order
@@ -27,8 +28,12 @@ vllm = pytest.importorskip("vllm")
 
 
 def plugin(tmp_path: Path, variant: str = "fixed", canaries: str = "", allow: str = "0") -> vllm_plugin._Plugin:
-    env = {"KVCANARY_KERNEL_VARIANT": variant, "KVCANARY_CANARIES": canaries,
-           "KVCANARY_RECEIPT_DIR": str(tmp_path / "receipts"), "KVCANARY_ALLOW_UNVERIFIED_VLLM": allow}
+    env = {
+        "KVCANARY_KERNEL_VARIANT": variant,
+        "KVCANARY_CANARIES": canaries,
+        "KVCANARY_RECEIPT_DIR": str(tmp_path / "receipts"),
+        "KVCANARY_ALLOW_UNVERIFIED_VLLM": allow,
+    }
     config = vllm_plugin.PluginConfig.from_env(env)
     assert config is not None
     made = vllm_plugin._Plugin(config)
@@ -115,6 +120,23 @@ def test_installed_vllm_signatures_are_the_verified_ones() -> None:
 # --- rebinding ---------------------------------------------------------------------------------
 
 
+def test_callbacks_run_when_a_module_is_imported_and_at_once_after(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "kvcanary_hook_probe.py").write_text("def kernel():\n    return 'original'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "kvcanary_hook_probe", raising=False)
+    seen: list[str] = []
+    _import_hooks.when_imported("kvcanary_hook_probe", lambda m: seen.append(m.kernel()))
+    assert seen == []
+    import kvcanary_hook_probe  # type: ignore[import-not-found]
+
+    assert seen == ["original"]
+    assert type(kvcanary_hook_probe.__loader__).__name__ == "SourceFileLoader"  # the wrapper is gone
+    _import_hooks.when_imported("kvcanary_hook_probe", lambda m: seen.append("again"))
+    assert seen == ["original", "again"]
+
+
 def test_rebinds_the_names_backends_call_and_records_them(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import importlib
 
@@ -133,7 +155,8 @@ def test_rebinds_the_names_backends_call_and_records_them(monkeypatch: pytest.Mo
 
     assert triton_attn.unified_attention.__wrapped__ is originals[TARGETS[0].name]
     assert triton_attn.unified_attention.__kvcanary_adapter__["kernel"] == (
-        f"{kernels.unified_attention.__module__}.unified_attention")
+        f"{kernels.unified_attention.__module__}.unified_attention"
+    )
     assert mla.decode_attention_fwd.__wrapped__ is originals[TARGETS[1].name]
     assert rocm.chunked_prefill_paged_decode is originals[TARGETS[2].name]
 
@@ -143,7 +166,8 @@ def test_rebinds_the_names_backends_call_and_records_them(monkeypatch: pytest.Mo
     assert unified["from"] == "vllm.v1.attention.ops.triton_unified_attention.unified_attention"
     assert unified["to"] == "kernels.unified_attention.unified_attention (variant=fixed)"
     assert receipt["rebound"]["vllm.v1.attention.backends.rocm_attn.chunked_prefill_paged_decode"]["status"] == (
-        "present, not rebound")
+        "present, not rebound"
+    )
     assert receipt["platform"] == "cpu" and receipt["on_execution_path"] is False
     assert receipt["execution_path"].startswith("injected, not on the execution path")
 
@@ -172,8 +196,11 @@ def test_a_changed_signature_is_refused_naming_version_and_mismatch(tmp_path: Pa
     module, target = _changed_module()
     made = plugin(tmp_path)
     made.rebound[target.name] = {"status": "pending", "backends": ["TRITON_ATTN"], "covers": "all"}
-    with pytest.raises(UnsupportedVLLMError, match=rf"vLLM {made.version}: future_backend.unified_attention .*"
-                       r"missing parameters \['cu_seqlens_q'.*unexpected parameters \['new_arg'\]"):
+    with pytest.raises(
+        UnsupportedVLLMError,
+        match=rf"vLLM {made.version}: future_backend.unified_attention .*"
+        r"missing parameters \['cu_seqlens_q'.*unexpected parameters \['new_arg'\]",
+    ):
         made._on_backend_module(target, module)
 
 
@@ -206,18 +233,51 @@ def test_adapter_serves_vllm_call_with_kvcanary_kernel_and_variant(monkeypatch: 
     calls: list[str] = []
     results = {}
     for variant in ("fixed", "legacy"):
-        adapter = make_adapter("triton_attn.unified_attention", vllm_unified, kernels.unified_attention, variant,
-                               lambda v=variant: calls.append(v))
+        adapter = make_adapter(
+            "triton_attn.unified_attention",
+            vllm_unified,
+            kernels.unified_attention,
+            variant,
+            lambda v=variant: calls.append(v),
+        )
         out = nan_like(q)
         for _ in range(2):
-            adapter(q=q, k=cache.k, v=cache.v, out=out, cu_seqlens_q=cu, max_seqlen_q=2, seqused_k=cache.seq_lens,
-                    max_seqlen_k=29, softmax_scale=0.125, causal=False, alibi_slopes=None, use_alibi_sqrt=False,
-                    window_size=(-1, -1), block_table=cache.block_table, softcap=0.0, q_descale=None,
-                    k_descale=torch.ones(2, 2), v_descale=torch.ones(2, 2), seq_threshold_3D=None,
-                    num_par_softmax_segments=None, softmax_segm_output=None, softmax_segm_max=None,
-                    softmax_segm_expsum=None, sinks=None, output_scale=None, mm_prefix_range=None,
-                    rswa_prefix_lens=None, rswa_window=None, kv_quant_mode=_kv_quant_none(), k_scale_cache=None,
-                    v_scale_cache=None, chunk_lookback=-1, use_td=False, mm_prefix_clamp_sliding_window=False)
+            adapter(
+                q=q,
+                k=cache.k,
+                v=cache.v,
+                out=out,
+                cu_seqlens_q=cu,
+                max_seqlen_q=2,
+                seqused_k=cache.seq_lens,
+                max_seqlen_k=29,
+                softmax_scale=0.125,
+                causal=False,
+                alibi_slopes=None,
+                use_alibi_sqrt=False,
+                window_size=(-1, -1),
+                block_table=cache.block_table,
+                softcap=0.0,
+                q_descale=None,
+                k_descale=torch.ones(2, 2),
+                v_descale=torch.ones(2, 2),
+                seq_threshold_3D=None,
+                num_par_softmax_segments=None,
+                softmax_segm_output=None,
+                softmax_segm_max=None,
+                softmax_segm_expsum=None,
+                sinks=None,
+                output_scale=None,
+                mm_prefix_range=None,
+                rswa_prefix_lens=None,
+                rswa_window=None,
+                kv_quant_mode=_kv_quant_none(),
+                k_scale_cache=None,
+                v_scale_cache=None,
+                chunk_lookback=-1,
+                use_td=False,
+                mm_prefix_clamp_sliding_window=False,
+            )
         results[variant] = out
     assert calls == ["fixed", "legacy"]  # the first call of each adapter is reported once
     assert torch.allclose(results["fixed"].double(), expected, atol=2e-2)
@@ -277,16 +337,23 @@ def test_nan_poisoner_fills_attention_caches_and_reissued_blocks() -> None:
 
     attn = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.float16)
     mamba = MambaSpec(block_size=16, shapes=((4,),), dtypes=(torch.float32,))
-    config = KVCacheConfig(num_blocks=6, kv_cache_tensors=[],
-                           kv_cache_groups=[KVCacheGroupSpec(["a.0", "a.1"], attn), KVCacheGroupSpec(["m.0"], mamba)])
+    config = KVCacheConfig(
+        num_blocks=6,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["a.0", "a.1"], attn), KVCacheGroupSpec(["m.0"], mamba)],
+    )
     layer0 = torch.zeros(6, 2, 16, 2, 64, dtype=torch.float16)
     layer1 = torch.zeros(12, 2, 8, 2, 64, dtype=torch.float16)  # kernel blocks half the pool's size
     state = torch.zeros(6, 4)
     runner = types.SimpleNamespace(
         kv_cache_config=config,
-        compilation_config=types.SimpleNamespace(static_forward_context={
-            "a.0": types.SimpleNamespace(kv_cache=layer0), "a.1": types.SimpleNamespace(kv_cache=[layer1]),
-            "m.0": types.SimpleNamespace(kv_cache=state)}),
+        compilation_config=types.SimpleNamespace(
+            static_forward_context={
+                "a.0": types.SimpleNamespace(kv_cache=layer0),
+                "a.1": types.SimpleNamespace(kv_cache=[layer1]),
+                "m.0": types.SimpleNamespace(kv_cache=state),
+            }
+        ),
     )
     described = describe_kv_caches(runner)
     assert described["tensors"] == 2 and described["skipped"][0].startswith("MambaSpec")
@@ -321,12 +388,34 @@ def _cpu_attention(seq_len: int, query_len: int, tail: float) -> torch.Tensor:
     starts, lens = torch.tensor([0, query_len], dtype=torch.int32), torch.tensor([seq_len], dtype=torch.int32)
     isa = _get_attn_isa(torch.bfloat16, block, dim)
     metadata = ops.cpu_attn_get_scheduler_metadata(
-        num_reqs=1, num_heads=heads, num_kv_heads=heads, head_dim=dim, seq_lens=lens, dtype=torch.bfloat16,
-        query_start_loc=starts, causal=True, sliding_window_size=-1, isa=isa, enable_kv_split=False)
+        num_reqs=1,
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=dim,
+        seq_lens=lens,
+        dtype=torch.bfloat16,
+        query_start_loc=starts,
+        causal=True,
+        sliding_window_size=-1,
+        isa=isa,
+        enable_kv_split=False,
+    )
     ops.cpu_attention_with_kv_cache(
-        query=q, key_cache=k_cache, value_cache=v_cache, output=out, query_start_loc=starts, seq_lens=lens,
-        scale=dim**-0.5, causal=True, alibi_slopes=None, sliding_window=-1,
-        block_table=torch.tensor([[1, 0]], dtype=torch.int32), softcap=0.0, scheduler_metadata=metadata, s_aux=None)
+        query=q,
+        key_cache=k_cache,
+        value_cache=v_cache,
+        output=out,
+        query_start_loc=starts,
+        seq_lens=lens,
+        scale=dim**-0.5,
+        causal=True,
+        alibi_slopes=None,
+        sliding_window=-1,
+        block_table=torch.tensor([[1, 0]], dtype=torch.int32),
+        softcap=0.0,
+        scheduler_metadata=metadata,
+        s_aux=None,
+    )
     return out
 
 
@@ -341,6 +430,7 @@ def test_cpu_attention_reads_the_unwritten_block_tail(seq_len: int, query_len: i
     if seq_len % 128:
         assert not torch.isfinite(_cpu_attention(seq_len, query_len, float("nan"))).all(), (
             "vLLM's CPU attention no longer reads past seq_len: update the engine test, which then "
-            "must see unchanged output under nan_kv_tail")
+            "must see unchanged output under nan_kv_tail"
+        )
     else:
         assert torch.equal(_cpu_attention(seq_len, query_len, float("nan")), _cpu_attention(seq_len, query_len, 0.0))
