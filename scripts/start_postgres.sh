@@ -7,7 +7,7 @@ if [ -z "$PGBIN" ]; then
   echo "echo 'PostgreSQL is not installed: PostgreSQL-backed tests will skip' >&2"
   exit 0
 fi
-PORT=${KVCANARY_TEST_POSTGRES_PORT:-54329}
+PORT=${KVCANARY_TEST_POSTGRES_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 DATA=$(mktemp -d /tmp/kvcanary-pg.XXXXXX)
 RUNAS=()
 if [ "$(id -u)" = 0 ]; then
