@@ -21,6 +21,7 @@ import triton.language as tl
 
 from kernels._launch import Launch, LaunchConfig, check_variant, sm_count
 from kernels._split_kv import merge_splits
+from kernels._vllm_args import check_decode_args, check_unit_scale, page_geometry
 
 
 @triton.jit
@@ -243,58 +244,6 @@ def _default_launch(is_mla: bool, programs_per_split: int, num_sms: int, page_si
     return Launch(tile=32, num_warps=8 if is_mla else 4, num_stages=3 if is_mla else 2, num_splits=splits)
 
 
-def _page_geometry(buf: torch.Tensor, page_size: int, name: str) -> tuple[int, int, int]:
-    """(page, position, head) strides of a ``[pages, page_size, heads, dim]`` buffer, or of a
-    ``[tokens, heads, dim]`` buffer whose pages are packed along the token axis."""
-    if buf.stride(-1) != 1:
-        raise ValueError(f"decode_attention_fwd: {name} needs a contiguous last dimension, strides {buf.stride()}")
-    if buf.dim() == 4:
-        if buf.shape[1] != page_size:
-            raise ValueError(f"decode_attention_fwd: {name} pages hold {buf.shape[1]} tokens, page_size={page_size}")
-        return buf.stride(0), buf.stride(1), buf.stride(2)
-    if buf.dim() == 3:
-        return buf.stride(0) * page_size, buf.stride(0), buf.stride(1)
-    raise ValueError(f"decode_attention_fwd: {name} must be 3D or 4D, got shape {tuple(buf.shape)}")
-
-
-def _check_args(
-    q: torch.Tensor,
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    o: torch.Tensor,
-    attn_logits: torch.Tensor,
-    num_kv_splits: int,
-    is_mla: bool,
-) -> None:
-    lk, lv = k_buffer.shape[-1], v_buffer.shape[-1]
-    if q.dim() != 3 or q.shape[2] != lk or q.stride(-1) != 1:
-        raise ValueError(f"decode_attention_fwd: q must be [batch, heads, {lk}] with a contiguous last dim")
-    if q.shape[1] % k_buffer.shape[-2]:
-        raise ValueError(f"decode_attention_fwd: {q.shape[1]} query heads vs {k_buffer.shape[-2]} KV heads")
-    if tuple(o.shape) != (q.shape[0], q.shape[1], lv) or o.stride(-1) != 1:
-        raise ValueError(f"decode_attention_fwd: o must be [batch, heads, {lv}] with a contiguous last dim")
-    expected = (q.shape[0], q.shape[1], num_kv_splits, lv + 1)
-    if tuple(attn_logits.shape) != expected or attn_logits.dtype != torch.float32:
-        raise ValueError(
-            f"decode_attention_fwd: attn_logits must be float32 {expected}, got {tuple(attn_logits.shape)}"
-        )
-    if k_buffer.dtype != q.dtype or v_buffer.dtype != q.dtype:
-        raise NotImplementedError(
-            f"decode_attention_fwd: KV dtype {k_buffer.dtype} differs from q {q.dtype} (fp8 KV is not supported)"
-        )
-    if is_mla and (v_buffer.data_ptr() != k_buffer.data_ptr() or v_buffer.stride() != k_buffer.stride() or lv > lk):
-        raise ValueError("decode_attention_fwd: with is_mla, v_buffer must be the leading columns of k_buffer")
-
-
-def _check_unit_scale(scale: torch.Tensor | float | None, name: str) -> None:
-    """Scales only matter for fp8 KV (refused); a host number other than 1 is refused too.
-
-    A device tensor is not read back: that would stall the stream and break CUDA graphs.
-    """
-    if isinstance(scale, (int, float)) and scale != 1.0:
-        raise NotImplementedError(f"decode_attention_fwd: {name}={scale} (fp8 KV scaling) is not supported")
-
-
 def decode_attention_fwd(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
@@ -326,11 +275,11 @@ def decode_attention_fwd(
     log-sum-exp of the scaled (and capped) scores. ``config`` overrides the launch (benchmarks).
     """
     check_variant("decode_attention_fwd", variant)
-    _check_args(q, k_buffer, v_buffer, o, attn_logits, num_kv_splits, is_mla)
-    _check_unit_scale(k_scale, "k_scale")
-    _check_unit_scale(v_scale, "v_scale")
-    k_strides = _page_geometry(k_buffer, page_size, "k_buffer")
-    v_strides = _page_geometry(v_buffer, page_size, "v_buffer")
+    check_decode_args(q, k_buffer, v_buffer, o, attn_logits, num_kv_splits, is_mla)
+    check_unit_scale(k_scale, "k_scale")
+    check_unit_scale(v_scale, "v_scale")
+    k_strides = page_geometry(k_buffer, page_size, "k_buffer")
+    v_strides = page_geometry(v_buffer, page_size, "v_buffer")
 
     batch, num_q_heads, lk = q.shape
     lv = v_buffer.shape[-1]

@@ -16,14 +16,13 @@ applied only on the tiles that straddle a bound, so the fix costs nothing on the
 for the whole tile) to prove that tests and the accuracy gate catch the bug.
 """
 
-from typing import Any
-
 import torch
 import triton
 import triton.language as tl
 
 from kernels._launch import Launch, LaunchConfig, check_variant, sm_count
 from kernels._split_kv import merge_splits
+from kernels._vllm_args import check_unified_layout, refuse_unsupported_unified
 
 
 @triton.jit
@@ -299,57 +298,6 @@ def _default_launch(decode_only: bool, num_programs: int, max_seqlen_k: int, num
     return Launch(tile=32, num_warps=4, num_stages=3, num_splits=splits)
 
 
-def _refuse_unsupported(causal: Any, q_descale: Any, extra: dict[str, Any]) -> None:
-    """Raise for every vLLM feature this kernel does not implement, naming it."""
-    if isinstance(causal, torch.Tensor):
-        raise NotImplementedError("unified_attention: per-sequence causal flags (a tensor) are not supported")
-    if q_descale is not None:
-        raise NotImplementedError("unified_attention: fp8 queries (q_descale) are not supported")
-    defaults = {
-        "alibi_slopes": None,
-        "output_scale": None,
-        "qq_bias": None,
-        "sinks": None,
-        "mm_prefix_range": None,
-        "rswa_prefix_lens": None,
-        "rswa_window": None,
-        "use_alibi_sqrt": False,
-        "k_scale_cache": None,
-        "v_scale_cache": None,
-        "chunk_lookback": -1,
-    }
-    for name, default in defaults.items():
-        value = extra[name]
-        if (value is not None) if default is None else (value != default):
-            raise NotImplementedError(f"unified_attention: {name}={value!r} is not supported (expected {default!r})")
-    if int(extra["kv_quant_mode"]) != 0:
-        raise NotImplementedError(
-            f"unified_attention: quantized KV cache (kv_quant_mode={extra['kv_quant_mode']!r}) is not supported"
-        )
-
-
-def _check_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
-    if k.dim() != 4 or v.shape != k.shape:
-        raise ValueError(
-            "unified_attention: k and v must both be [num_blocks, block_size, num_kv_heads, head_size], "
-            f"got {tuple(k.shape)} and {tuple(v.shape)}"
-        )
-    if q.dim() != 3 or q.shape[2] != k.shape[3] or out.shape != q.shape:
-        raise ValueError(
-            f"unified_attention: q and out must be [num_tokens, num_heads, {k.shape[3]}], "
-            f"got {tuple(q.shape)} and {tuple(out.shape)}"
-        )
-    if q.shape[1] % k.shape[2]:
-        raise ValueError(f"unified_attention: {q.shape[1]} query heads are not a multiple of {k.shape[2]} KV heads")
-    if k.dtype != q.dtype or v.dtype != q.dtype or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise NotImplementedError(
-            f"unified_attention: q/k/v must share one of fp16, bf16, fp32 (fp8 KV is not supported), "
-            f"got {q.dtype}/{k.dtype}/{v.dtype}"
-        )
-    if q.stride(-1) != 1 or out.stride(-1) != 1:
-        raise ValueError("unified_attention: q and out need a contiguous last dimension")
-
-
 def unified_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -407,8 +355,8 @@ def unified_attention(
     ``config`` overrides the launch parameters (benchmarks).
     """
     check_variant("unified_attention", variant)
-    _refuse_unsupported(causal, q_descale, dict(locals()))
-    _check_layout(q, k, v, out)
+    refuse_unsupported_unified(causal, q_descale, dict(locals()))
+    check_unified_layout(q, k, v, out)
     num_seqs = seqused_k.shape[0]
     if cu_seqlens_q.shape[0] != num_seqs + 1 or block_table.shape[0] < num_seqs:
         raise ValueError(

@@ -8,6 +8,7 @@ a stand-in for the few ``vllm`` modules they import), and bf16 error against a f
 reference. Times are medians of CUDA-graph replays (decode runs under CUDA graphs in vLLM).
 The result table is printed last and written to ``--out`` (default ``$OUT`` or ``.``).
 
+    python scripts/gpu/bench_kernels.py --make-vllm-ref vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl
     python scripts/gpu/bench_kernels.py --vllm-ref .vllm_ref [--sweep]
 """
 
@@ -18,6 +19,7 @@ import os
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -83,6 +85,44 @@ def copy_bandwidth() -> float:
 def shuffled_table(num_seqs: int, pages_per_seq: int, gen: torch.Generator, first_page: int = 0) -> torch.Tensor:
     ids = first_page + torch.randperm(num_seqs * pages_per_seq, generator=gen, device=DEVICE)
     return ids.view(num_seqs, pages_per_seq).to(torch.int32)
+
+
+_OPS = "vllm/v1/attention/ops/"
+_VLLM_OPS = ("triton_unified_attention.py", "triton_attention_helpers.py", "triton_decode_attention.py")
+# Stand-ins for the few vllm modules those three files import, so they run without vLLM.
+_STAND_INS = {
+    "__init__.py": "",
+    "envs.py": "VLLM_BATCH_INVARIANT = False\n",
+    "logger.py": "import logging\n\ninit_logger = logging.getLogger\n",
+    "triton_utils/__init__.py": "import triton\nimport triton.language as tl\n",
+    "platforms/__init__.py": (
+        "import torch\n\n\nclass _Cuda:\n"
+        "    def fp8_dtype(self):\n        return torch.float8_e4m3fn\n\n"
+        "    def is_rocm(self):\n        return False\n\n"
+        "    def is_device_capability_family(self, family):\n"
+        "        return torch.cuda.get_device_capability()[0] * 10 == family\n\n\n"
+        "current_platform = _Cuda()\n"
+    ),
+    "v1/__init__.py": "",
+    "v1/attention/__init__.py": "",
+    "v1/attention/ops/__init__.py": "",
+    "v1/kv_cache_interface.py": (
+        "from enum import IntEnum\n\n\nclass KVQuantMode(IntEnum):\n"
+        "    NONE = 0\n    FP8_PER_TENSOR = 1\n    INT8_PER_TOKEN_HEAD = 2\n    FP8_PER_TOKEN_HEAD = 3\n"
+    ),
+}
+
+
+def make_vllm_ref(wheel: str, folder: str) -> None:
+    """Fill ``folder`` with vLLM's three Triton attention sources from ``wheel`` (e.g. from
+    ``pip download vllm==0.24.0 --no-deps``) and the stand-ins they import."""
+    root = Path(folder) / "vllm"
+    for name, text in _STAND_INS.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    with zipfile.ZipFile(wheel) as archive:
+        for name in _VLLM_OPS:
+            (root / "v1/attention/ops" / name).write_bytes(archive.read(_OPS + name))
 
 
 def load_vllm(ref_dir: str | None) -> tuple[ModuleType | None, ModuleType | None, str]:
@@ -333,8 +373,14 @@ def main() -> None:
     parser.add_argument("--vllm-ref", default=None, help="folder with vLLM 0.24's Triton attention sources")
     parser.add_argument("--sweep", action="store_true", help="also time a few launch configurations")
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for bench.json and bench.txt")
+    parser.add_argument(
+        "--make-vllm-ref", metavar="WHEEL", help="build --vllm-ref's folder from a vLLM wheel, then exit"
+    )
     parser.add_argument("--probe", nargs=2, metavar=("KERNEL", "FIRST_PAGE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.make_vllm_ref:
+        make_vllm_ref(args.make_vllm_ref, args.vllm_ref or ".vllm_ref")
+        return
     if args.probe:
         print("PROBE", kimi_case(args.probe[0], int(args.probe[1])), flush=True)
         return
