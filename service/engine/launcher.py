@@ -9,7 +9,6 @@ run for one model.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import socket
@@ -24,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from kernels.receipt import read_receipts
 from service.engine.health import HealthWatch
 from service.engine.process_group import describe_exit, start_group, stop_group
 from service.profiles import Profile
@@ -125,11 +125,6 @@ def read_tail(path: Path, lines: int) -> str:
             log.seek(start)
             chunk = log.read(end - start)
     return b"\n".join(chunk.splitlines()[-lines:]).decode(errors="replace")
-
-
-def _read_receipt_files(directory: Path) -> list[dict[str, Any]]:
-    """Every `*.json` receipt the plugin wrote, one per vLLM process, in name order."""
-    return [json.loads(path.read_text()) for path in sorted(directory.glob("*.json"))]
 
 
 class Engine:
@@ -245,7 +240,7 @@ class Engine:
 
     def receipts(self) -> list[dict[str, Any]]:
         """The kernel plugin's injection receipts, one per vLLM process that loaded it."""
-        return _read_receipt_files(self.receipt_dir)
+        return read_receipts(self.receipt_dir)
 
     def __enter__(self) -> Engine:
         return self.start()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import http.server
-import json
 import os
 import signal
 import subprocess
@@ -17,6 +16,7 @@ import httpx
 import psutil
 import pytest
 
+from kernels.receipt import write_receipt
 from service.engine import Engine, EngineStartError, build_argv, build_env
 from service.engine.health import HealthWatch
 from service.engine.launcher import read_tail
@@ -152,7 +152,7 @@ def test_receipts_are_read_from_the_run_folder(make_profile: MakeProfile, tmp_pa
     engine = Engine(make_profile("m"), tmp_path)
     engine.receipt_dir.mkdir()
     for pid in (12, 11):
-        (engine.receipt_dir / f"{pid}.json").write_text(json.dumps({"pid": pid, "swapped": ["a"]}))
+        write_receipt(engine.receipt_dir, {"pid": pid, "swapped": ["a"]})
     assert engine.receipts() == [{"pid": 11, "swapped": ["a"]}, {"pid": 12, "swapped": ["a"]}]
 
 
@@ -259,6 +259,10 @@ def test_engine_serves_and_records_version_and_models(gsm8k_engine: Engine) -> N
     assert gsm8k_engine.startup_s is not None and gsm8k_engine.startup_s > 0
     assert "Starting vLLM server" in gsm8k_engine.log_tail(200)
     assert not gsm8k_engine.stop_event.is_set(), gsm8k_engine.stop_cause
+    # The plugin settings reached vLLM: the server process itself loaded the plugin.
+    receipts = gsm8k_engine.receipts()
+    assert gsm8k_engine.pid in {receipt["pid"] for receipt in receipts}
+    assert {receipt["variant"] for receipt in receipts} == {gsm8k_engine.profile.kernels.variant}
 
 
 @pytest.mark.engine
