@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -136,6 +138,9 @@ class RayDispatcher:
         import ray
 
         self._ray = ray
+        # ray.init installs a SIGTERM handler that exits at once; keep the service's own, which
+        # stops this dispatcher first (see shutdown).
+        own_handler = signal.getsignal(signal.SIGTERM)
         try:
             ray.init(address=settings.ray_address, namespace=RAY_NAMESPACE, log_to_driver=False)
         except (ConnectionError, RuntimeError) as exc:
@@ -143,6 +148,8 @@ class RayDispatcher:
                 f"cannot reach the Ray cluster at KVCANARY_RAY_ADDRESS={settings.ray_address!r}: {exc}; "
                 "start it (`ray start --head`) or fix the address"
             ) from exc
+        if own_handler is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, own_handler)
         self._task = ray.remote(run_on_node)
         self.url = settings.resolved_database_url()
         self.profiles = profiles

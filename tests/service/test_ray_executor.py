@@ -40,6 +40,7 @@ ray = pytest.importorskip("ray", reason="the Ray executor needs `pip install ray
 HEAD_IP, NODE_IP = "127.0.0.2", "127.0.0.3"  # loopback, but not what Ray rewrites 127.0.0.1 into
 PROFILE = "gsm8k-ray"
 RUNS = int(os.environ.get("KVCANARY_RAY_TEST_RUNS", "2"))
+RUN_WAIT_S = 300 + 300 * RUNS  # one run at a time on the one-CPU node; a run takes 1.5-4 min here
 FINAL = {"passed", "failed", "error", "cancelled"}
 
 
@@ -329,8 +330,39 @@ def _cpu_free() -> bool:
     return ray.available_resources().get("CPU", 0.0) >= 1.0
 
 
+@pytest.mark.postgres
+def test_a_run_no_node_can_take_waits_and_its_replica_hands_it_back(
+    replicas: Callable[[int], Replicas], cluster: RayCluster
+) -> None:
+    """No engine here: with no worker node, runs wait in Ray, where cancel and shutdown find them."""
+    if "node" in cluster.groups:
+        cluster.kill_node("node")
+    _wait(
+        "no node with a CPU",
+        lambda: not any(n["Alive"] and n["NodeManagerAddress"] == NODE_IP for n in ray.nodes()),
+        60,
+    )
+    one = replicas(1)
+    [waiting] = one.submit(1)
+    _wait("the run to wait for a node", lambda: "ray_waiting" in [k for k, _ in one.events(waiting)], 60)
+    message = dict(one.events(waiting))["ray_waiting"]
+    assert "no node of the Ray cluster has 0 GPU(s) and 1 CPU(s)" in message
+    one.cancel(waiting)
+    run = _wait("the waiting run to end", lambda: (r := one.run(waiting)).status in FINAL and r, 60)
+    assert run.status == "cancelled" and STARTED_EVENT not in [k for k, _ in one.events(waiting)]
+
+    [handed_back] = one.submit(1)
+    _wait("the second run to be claimed", lambda: one.run(handed_back).status == "starting_engine", 60)
+    one.services[0].stop()  # SIGTERM: the replica cancels its tasks and re-queues their runs
+    run = one.run(handed_back)
+    assert run.status == "queued" and run.attempt == 1, (run.status, one.logs())
+    interrupted = dict(one.events(handed_back))["status:interrupted"]
+    assert "the service replica that dispatched it stopped" in interrupted
+
+
 @pytest.mark.engine
 @pytest.mark.postgres
+@pytest.mark.timeout(RUN_WAIT_S + 300)
 def test_two_replicas_run_each_queued_run_once_on_the_worker_node(
     replicas: Callable[[int], Replicas], worker_node: str, cluster: RayCluster
 ) -> None:
@@ -339,7 +371,7 @@ def test_two_replicas_run_each_queued_run_once_on_the_worker_node(
     runs = _wait(
         f"{RUNS} runs to finish",
         lambda: (rows := [pair.run(i) for i in ids]) and all(r.status in FINAL for r in rows) and rows,
-        timeout_s=600 + 300 * RUNS,
+        timeout_s=RUN_WAIT_S,
         every_s=2,
     )
     for run in runs:
