@@ -77,3 +77,10 @@ def gsm8k_engine(
     profile = make_profile(model_dir(), name="gsm8k-fixture")
     with Engine(profile, tmp_path_factory.mktemp("gsm8k-engine"), base_env=offline_env) as engine:
         yield engine
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Browser tests run last: Playwright's sync API keeps an event loop running in the main
+    thread for the rest of the session, and the suites (lm-eval, the WER client) call
+    asyncio.run(), which refuses to start inside one."""
+    items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
