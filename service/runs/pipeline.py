@@ -147,7 +147,7 @@ def _engine_facts(engine: Engine) -> dict[str, Any]:
         "url": engine.url,
         "startup_s": engine.startup_s,
         "receipts": receipts,
-        "gpu": next((r.get("device_name") for r in receipts if r.get("device_name")), None),
+        "gpu": next((r["device"] for r in receipts if r.get("runs_model") and r.get("device")), None),
     }
 
 
@@ -157,10 +157,9 @@ def _check_receipts(profile: Profile, facts: dict[str, Any]) -> None:
         return
     receipts = facts["receipts"]
     on_gpu = any(r.get("platform") in {"cuda", "rocm"} for r in receipts)
-    has_worker = any(r.get("role") in {"worker", "engine_core"} for r in receipts)
-    if on_gpu and not has_worker:
+    if on_gpu and not any(r.get("runs_model") for r in receipts):
         raise EngineStartError(
-            "kernel injection was asked for but no engine worker wrote a receipt; "
+            "kernel injection was asked for but no process that runs the model wrote a receipt; "
             "the plugin did not load where the model runs",
             exit_code=None,
             log_tail="",

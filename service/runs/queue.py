@@ -7,8 +7,6 @@ the same run twice.
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -85,22 +83,6 @@ def claim_next(session: Session, worker_id: str, run_id: int | None = None) -> R
     return run
 
 
-def _kill_orphan_engine(pid: int) -> str:
-    """Stop an engine a dead worker left behind; only if the pid still is a vLLM server."""
-    cmdline = Path(f"/proc/{pid}/cmdline")
-    try:
-        argv = cmdline.read_bytes().split(b"\0")
-    except OSError:
-        return f"engine pid {pid} already gone"
-    if not any(b"vllm.entrypoints" in part for part in argv):
-        return f"pid {pid} is no longer a vLLM engine; left alone"
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return f"engine pid {pid} already gone"
-    return f"killed orphaned engine process group {pid}"
-
-
 def _owner_gone(run: Run, host: str, stale_after_s: float) -> bool:
     """A worker on this host whose process is gone, or any worker silent for too long."""
     owner_host, _, rest = (run.worker_id or "").partition(":")
@@ -123,8 +105,7 @@ def recover(session: Session, *, host: str, stale_after_s: float) -> list[int]:
     for run in active:
         if not _owner_gone(run, host, stale_after_s):
             continue
-        note = _kill_orphan_engine(run.engine_pid) if run.engine_pid else "no engine was running"
-        transition(session, run, Status.INTERRUPTED, f"worker {run.worker_id} stopped during the run; {note}")
+        transition(session, run, Status.INTERRUPTED, f"worker {run.worker_id} stopped during the run")
         if run.attempt < run.max_attempts:
             transition(session, run, Status.QUEUED, f"re-queued (attempt {run.attempt} of {run.max_attempts})")
         else:

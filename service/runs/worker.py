@@ -16,6 +16,7 @@ import uuid
 from service.db.session import session_scope
 from service.profiles import Profile
 from service.runs import pipeline, queue
+from service.runs.orphan_guard import OrphanGuard
 from service.runs.ray_executor import RayDispatcher
 from service.settings import Settings
 
@@ -41,7 +42,8 @@ def run_next(settings: Settings, profiles: dict[str, Profile], worker_id: str) -
     if run_id is None:
         return None
     log.info("worker %s runs run %d", worker_id, run_id)
-    pipeline.execute(run_id, settings, profiles, worker_id)
+    with OrphanGuard():  # if this process is killed, its engine must not outlive it
+        pipeline.execute(run_id, settings, profiles, worker_id)
     return run_id
 
 
