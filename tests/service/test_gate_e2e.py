@@ -214,3 +214,30 @@ def test_model_that_cannot_start_fails_fast_with_the_reason(gate: dict[str, Any]
     assert code == 2 and run["status"] == "error", output
     assert time.monotonic() - began < 240
     assert "before /health answered" in run["error"] and "no-such-model" in run["log_tail"]
+
+
+def test_ab_request_judges_one_variant_against_the_other_on_the_same_prompts(gate: dict[str, Any]) -> None:
+    """stock vs fixed on the CPU engine: both arms run vLLM's CPU attention, so the paired
+    comparison must find no flip and pass; both arms' samples are stored on the same keys."""
+    gate["service"].stop()
+    gate["service"] = gate["launch"](write_profiles(gate["root"] / "profiles"))
+    response = httpx.post(
+        f"{gate['service'].url}/api/v1/runs",
+        json={"profile": PROFILE, "compare": ["stock", "fixed"], "overrides": {"limit": 100}},
+        headers={"Authorization": f"Bearer {gate['ci']}"},
+    )
+    assert response.status_code == 201, response.text
+    run_id = response.json()["id"]
+    wait_for(lambda: run_row(gate, run_id).status in ("passed", "failed", "error"), RUN_TIMEOUT_S, "the A/B run")
+    run = httpx.get(f"{gate['service'].url}/api/v1/runs/{run_id}").json()
+    assert run["status"] == "passed", run["error"] or run["verdict_summary"]
+    assert set(run["engine"]) == {"stock", "fixed"}
+    judged = [m for m in run["metrics"] if m["verdict"] is not None]
+    assert {m["arm"] for m in judged} == {"fixed"} and all(m["verdict"] == "pass" for m in judged)
+    assert all(m["details"]["flips_down"] == 0 and "stock" in m["explanation"] for m in judged)
+    with session_scope(gate["service"].database_url) as session:
+        keys = {
+            arm: set(session.scalars(select(SampleRow.key).where(SampleRow.run_id == run_id, SampleRow.arm == arm)))
+            for arm in ("stock", "fixed")
+        }
+    assert keys["stock"] == keys["fixed"] and len(keys["fixed"]) == 100
