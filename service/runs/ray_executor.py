@@ -164,7 +164,7 @@ class RayDispatcher:
             for flight in [f for f in self.in_flight.values() if f.ref in done]:
                 self._settle(flight)
         self._follow()
-        if all(f.started for f in self.in_flight.values()):
+        if all(f.started for f in self.in_flight.values()) and self._room_for_next():
             self._claim()
 
     def shutdown(self) -> None:
@@ -174,6 +174,25 @@ class RayDispatcher:
         for flight in list(self.in_flight.values()):
             self._settle(flight, lost_reason="the service replica that dispatched it stopped")
         self._ray.shutdown()
+
+    def _room_for_next(self) -> bool:
+        """Claim when the cluster has room for the oldest queued run now, or never will.
+
+        Runs then wait in the database queue, in order, not inside Ray: Ray hands a finished
+        task's worker to the same replica's next waiting task, so a task waiting there can be
+        overtaken by every later run of another replica. A run no node could ever take is
+        claimed anyway, so that its events can say why it waits.
+        """
+        with session_scope(self.url) as session:
+            query = select(Run.profile).where(Run.status == Status.QUEUED.value).order_by(Run.id).limit(1)
+            oldest = session.scalar(query)
+        if oldest is None:
+            return False
+        need = task_resources(self.profiles.get(oldest))
+        free = self._ray.available_resources()
+        if free.get("CPU", 0.0) >= need["num_cpus"] and free.get("GPU", 0.0) >= need["num_gpus"]:
+            return True
+        return unplaceable(need, self._ray.nodes()) is not None
 
     def _claim(self) -> None:
         with session_scope(self.url) as session:

@@ -136,11 +136,16 @@ class RayCluster:
     root: Path
     env: dict[str, str]
     port: int = field(default_factory=free_port)
+    client_port: int = field(default_factory=free_port)
     groups: dict[str, int] = field(default_factory=dict)
 
     @property
     def address(self) -> str:
         return f"{HEAD_IP}:{self.port}"
+
+    def service_address(self, how: str) -> str:
+        """`gcs`: the address of a process on a cluster node; `client`: Ray Client, as in compose."""
+        return self.address if how == "gcs" else f"ray://{HEAD_IP}:{self.client_port}"
 
     def _ray(self, name: str, *args: str, block: bool = False) -> subprocess.Popen[bytes]:
         log = (self.root / f"{name}.log").open("ab")
@@ -160,7 +165,7 @@ class RayCluster:
             "--num-cpus=0",
             "--include-dashboard=false",
             f"--dashboard-port={free_port()}",
-            f"--ray-client-server-port={free_port()}",
+            f"--ray-client-server-port={self.client_port}",
         )
         if head.wait(180) != 0:
             raise RuntimeError(f"ray start --head failed: {(self.root / 'head.log').read_text()[-3000:]}")
@@ -282,6 +287,11 @@ class Replicas:
             query = select(RunEvent.kind, RunEvent.message).where(RunEvent.run_id == run_id).order_by(RunEvent.id)
             return [(kind, message) for kind, message in session.execute(query)]
 
+    def event_times(self, run_id: int) -> list[tuple[str, Any]]:
+        with session_scope(self.db) as session:
+            query = select(RunEvent.kind, RunEvent.at).where(RunEvent.run_id == run_id).order_by(RunEvent.id)
+            return [(kind, at) for kind, at in session.execute(query)]
+
     def logs(self) -> str:
         return "\n".join(s.log_tail() for s in self.services)
 
@@ -289,18 +299,20 @@ class Replicas:
 @pytest.fixture
 def replicas(
     start_service: StartService, cluster: RayCluster, shared_db: str, profiles_dir: Path, tmp_path: Path
-) -> Callable[[int], Replicas]:
-    def start(n: int) -> Replicas:
+) -> Callable[..., Replicas]:
+    """`replicas("gcs", "client")`: one service replica per argument, each reaching Ray that way."""
+
+    def start(*connections: str) -> Replicas:
         services = [
             start_service(
                 worker=True,
                 data_dir=tmp_path / f"replica-{i}",
                 KVCANARY_DATABASE_URL=shared_db,
                 KVCANARY_EXECUTOR="ray",
-                KVCANARY_RAY_ADDRESS=cluster.address,
+                KVCANARY_RAY_ADDRESS=cluster.service_address(how),
                 KVCANARY_PROFILES_DIR=str(profiles_dir),
             )
-            for i in range(n)
+            for i, how in enumerate(connections)
         ]
         with session_scope(shared_db) as session:
             token = create_token(session, "ray-test", Role.CI)
@@ -332,7 +344,7 @@ def _cpu_free() -> bool:
 
 @pytest.mark.postgres
 def test_a_run_no_node_can_take_waits_and_its_replica_hands_it_back(
-    replicas: Callable[[int], Replicas], cluster: RayCluster
+    replicas: Callable[..., Replicas], cluster: RayCluster
 ) -> None:
     """No engine here: with no worker node, runs wait in Ray, where cancel and shutdown find them."""
     if "node" in cluster.groups:
@@ -342,7 +354,7 @@ def test_a_run_no_node_can_take_waits_and_its_replica_hands_it_back(
         lambda: not any(n["Alive"] and n["NodeManagerAddress"] == NODE_IP for n in ray.nodes()),
         60,
     )
-    one = replicas(1)
+    one = replicas("client")
     [waiting] = one.submit(1)
     _wait("the run to wait for a node", lambda: "ray_waiting" in [k for k, _ in one.events(waiting)], 60)
     message = dict(one.events(waiting))["ray_waiting"]
@@ -364,9 +376,9 @@ def test_a_run_no_node_can_take_waits_and_its_replica_hands_it_back(
 @pytest.mark.postgres
 @pytest.mark.timeout(RUN_WAIT_S + 300)
 def test_two_replicas_run_each_queued_run_once_on_the_worker_node(
-    replicas: Callable[[int], Replicas], worker_node: str, cluster: RayCluster
+    replicas: Callable[..., Replicas], worker_node: str, cluster: RayCluster
 ) -> None:
-    pair = replicas(2)
+    pair = replicas("gcs", "client")
     ids = pair.submit(RUNS)
     runs = _wait(
         f"{RUNS} runs to finish",
@@ -386,6 +398,9 @@ def test_two_replicas_run_each_queued_run_once_on_the_worker_node(
             metrics = session.scalars(select(SuiteResult).where(SuiteResult.run_id == run.id)).all()
         assert {m.metric for m in metrics} == {"strict-match", "flexible-extract"}
         assert all(m.n == 8 for m in metrics)
+    # Runs wait in the database queue, not in Ray, so they start in the order they were queued.
+    starts = [next(at for kind, at in pair.event_times(run.id) if kind == STARTED_EVENT) for run in runs]
+    assert starts == sorted(starts), starts
     assert engines_under(cluster.root / "node-data") == []
     _wait("the worker node's CPU to be free again", _cpu_free, 30)
 
@@ -393,9 +408,9 @@ def test_two_replicas_run_each_queued_run_once_on_the_worker_node(
 @pytest.mark.engine
 @pytest.mark.postgres
 def test_cancel_during_engine_start_kills_the_task_and_its_engine(
-    replicas: Callable[[int], Replicas], worker_node: str, cluster: RayCluster
+    replicas: Callable[..., Replicas], worker_node: str, cluster: RayCluster
 ) -> None:
-    one = replicas(1)
+    one = replicas("gcs")
     [run_id] = one.submit(1)
     engine = _wait("the run's engine to start", lambda: engines_under(cluster.root / "node-data"), 180)
     assert one.run(run_id).status == "starting_engine"  # the engine is not healthy yet
@@ -412,9 +427,9 @@ def test_cancel_during_engine_start_kills_the_task_and_its_engine(
 @pytest.mark.engine
 @pytest.mark.postgres
 def test_a_node_lost_mid_run_interrupts_and_requeues_the_run(
-    replicas: Callable[[int], Replicas], worker_node: str, cluster: RayCluster
+    replicas: Callable[..., Replicas], worker_node: str, cluster: RayCluster
 ) -> None:
-    one = replicas(1)
+    one = replicas("gcs")
     [run_id] = one.submit(1, limit=200)
     running = _wait("the run to be running", lambda: (r := one.run(run_id)).status == "running" and r, 300)
     engine = engines_under(cluster.root / "node-data")
