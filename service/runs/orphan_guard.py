@@ -54,12 +54,16 @@ def groups_led_by_children(parent: int) -> set[int]:
 
 
 def watch(parent: int, poll_s: float = POLL_S) -> set[int]:
-    """Block while `parent` lives; then SIGKILL the groups it left behind and return them."""
+    """Block while `parent` lives; then SIGKILL the groups it left behind and return them.
+
+    Prints `ready` once it watches, so that the parent starts no engine before that.
+    """
     fields = _stat_fields(parent)
     if fields is None:
         return set()
     start_time = fields[19]
     groups: set[int] = set()
+    print("ready", flush=True)
     while _alive(parent, start_time):
         started = groups_led_by_children(parent) - {os.getpid()}
         groups = {group for group in groups | started if group_members(group)}
@@ -81,8 +85,12 @@ class OrphanGuard:
         self._process = subprocess.Popen(
             [sys.executable, "-m", "service.runs.orphan_guard", str(os.getpid())],
             stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             start_new_session=True,
         )
+        assert self._process.stdout is not None
+        if self._process.stdout.readline() != b"ready\n":
+            raise RuntimeError(f"the orphan guard exited ({self._process.wait()}) before it watched this process")
         return self
 
     def __exit__(
@@ -92,9 +100,11 @@ class OrphanGuard:
         if self._process is not None:
             self._process.terminate()
             self._process.wait(10)
+            if self._process.stdout is not None:
+                self._process.stdout.close()
 
 
 if __name__ == "__main__":
     killed = watch(int(sys.argv[1]))
     if killed:
-        print(f"orphan guard: worker {sys.argv[1]} died; killed engine process groups {sorted(killed)}", flush=True)
+        print(f"orphan guard: {sys.argv[1]} died; killed its engine process groups {sorted(killed)}", file=sys.stderr)

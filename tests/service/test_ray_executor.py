@@ -378,7 +378,7 @@ def test_a_run_no_node_can_take_waits_and_its_replica_hands_it_back(
 def test_two_replicas_run_each_queued_run_once_on_the_worker_node(
     replicas: Callable[..., Replicas], worker_node: str, cluster: RayCluster
 ) -> None:
-    pair = replicas("gcs", "client")
+    pair = replicas("gcs", "gcs")
     ids = pair.submit(RUNS)
     runs = _wait(
         f"{RUNS} runs to finish",
