@@ -22,6 +22,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
@@ -59,13 +60,16 @@ class Base(DeclarativeBase):
 
 class Run(Base):
     __tablename__ = "runs"
+    __table_args__ = (
+        Index("ix_runs_labels", "labels", postgresql_using="gin", postgresql_ops={"labels": "jsonb_path_ops"}),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     profile: Mapped[str] = mapped_column(String(64), index=True)
     status: Mapped[str] = mapped_column(String(24), index=True)
     trigger: Mapped[str] = mapped_column(String(16), index=True)
     triggered_by: Mapped[str] = mapped_column(String(128), default="")
-    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON().with_variant(JSONB(), "postgresql"), default=dict)
     overrides: Mapped[dict[str, Any]] = mapped_column(default=dict)
     variants: Mapped[list[Any]] = mapped_column(default=list)
     idempotency_key: Mapped[str | None] = mapped_column(String(128), unique=True)

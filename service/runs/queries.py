@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Select, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, Select, func, select, type_coerce
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Session, load_only
 
 from service.db.models import Run, SuiteResult
 from service.db.models import Sample as SampleRow
 from service.schemas import Page, RunDetail, RunSummary, SampleOut
 
+# What a list row shows; the wide columns (log tail, engine facts) stay in the database.
+SUMMARY_COLUMNS = (
+    Run.id, Run.profile, Run.status, Run.verdict, Run.trigger, Run.triggered_by, Run.labels, Run.variants,
+    Run.attempt, Run.created_at, Run.started_at, Run.finished_at, Run.progress_done, Run.progress_total,
+    Run.progress_phase, Run.phase_started_at,
+)  # fmt: skip
+
+
+def _label_is(dialect: str, key: str, value: str) -> ColumnElement[bool]:
+    """On PostgreSQL a containment test, which the GIN index on labels answers."""
+    if dialect == "postgresql":
+        return type_coerce(Run.labels, JSONB).contains({key: value})
+    return Run.labels[key].as_string() == value
+
 
 def _runs_query(
-    profile: str | None, status: str | None, trigger: str | None, label: dict[str, str] | None
+    dialect: str, profile: str | None, status: str | None, trigger: str | None, label: dict[str, str] | None
 ) -> Select[Run]:
     query = select(Run)
     if profile:
@@ -21,7 +36,7 @@ def _runs_query(
     if trigger:
         query = query.where(Run.trigger == trigger)
     for key, value in (label or {}).items():
-        query = query.where(Run.labels[key].as_string() == value)
+        query = query.where(_label_is(dialect, key, value))
     return query
 
 
@@ -35,9 +50,10 @@ def list_runs(
     offset: int = 0,
     limit: int = 50,
 ) -> Page[RunSummary]:
-    query = _runs_query(profile, status, trigger, label)
+    query = _runs_query(session.get_bind().dialect.name, profile, status, trigger, label)
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    rows = session.scalars(query.order_by(Run.id.desc()).offset(offset).limit(limit)).all()
+    page = query.options(load_only(*SUMMARY_COLUMNS, raiseload=True)).order_by(Run.id.desc())
+    rows = session.scalars(page.offset(offset).limit(limit)).all()
     return Page[RunSummary](items=[RunSummary.of(r) for r in rows], total=total, offset=offset, limit=limit)
 
 

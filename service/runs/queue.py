@@ -94,6 +94,16 @@ def _owner_gone(run: Run, host: str, stale_after_s: float) -> bool:
     return (utcnow() - run.heartbeat_at).total_seconds() > stale_after_s
 
 
+def interrupt(session: Session, run: Run, note: str) -> None:
+    """A run whose executor went away: interrupted, then queued again while attempts remain."""
+    transition(session, run, Status.INTERRUPTED, note)
+    if run.attempt < run.max_attempts:
+        transition(session, run, Status.QUEUED, f"re-queued (attempt {run.attempt} of {run.max_attempts})")
+    else:
+        run.error = f"interrupted {run.attempt} times; giving up"
+        transition(session, run, Status.ERROR, run.error)
+
+
 def recover(session: Session, *, host: str, stale_after_s: float) -> list[int]:
     """Re-queue active runs whose worker died (this host: pid gone; anywhere: heartbeat stale).
 
@@ -105,12 +115,7 @@ def recover(session: Session, *, host: str, stale_after_s: float) -> list[int]:
     for run in active:
         if not _owner_gone(run, host, stale_after_s):
             continue
-        transition(session, run, Status.INTERRUPTED, f"worker {run.worker_id} stopped during the run")
-        if run.attempt < run.max_attempts:
-            transition(session, run, Status.QUEUED, f"re-queued (attempt {run.attempt} of {run.max_attempts})")
-        else:
-            run.error = f"interrupted {run.attempt} times; giving up"
-            transition(session, run, Status.ERROR, run.error)
+        interrupt(session, run, f"worker {run.worker_id} stopped during the run")
         recovered.append(run.id)
     return recovered
 

@@ -267,7 +267,7 @@ class RayDispatcher:
             if run is None or run.worker_id != self.worker_id or Status(run.status) not in ACTIVE:
                 return  # the pipeline recorded the end itself, or another replica took the run over
             if reason is not None:
-                _interrupt(session, run, f"Ray lost the run's task ({reason})")
+                queue.interrupt(session, run, f"Ray lost the run's task ({reason})")
             elif failure:
                 run.error = failure
                 transition(session, run, Status.ERROR, failure)
@@ -277,13 +277,3 @@ class RayDispatcher:
                 run.error = "the run's Ray task ended without recording an outcome"
                 transition(session, run, Status.ERROR, run.error)
         log.info("run %d settled after its Ray task ended", flight.run_id)
-
-
-def _interrupt(session: Session, run: Run, note: str) -> None:
-    """As the queue's recovery does: interrupted, then queued again while attempts remain."""
-    transition(session, run, Status.INTERRUPTED, note)
-    if run.attempt < run.max_attempts:
-        transition(session, run, Status.QUEUED, f"re-queued (attempt {run.attempt} of {run.max_attempts})")
-    else:
-        run.error = f"interrupted {run.attempt} times; giving up"
-        transition(session, run, Status.ERROR, run.error)
