@@ -257,7 +257,8 @@ def test_engine_serves_and_records_version_and_models(gsm8k_engine: Engine) -> N
     assert reply.status_code == 200, reply.text
     assert reply.json()["usage"]["completion_tokens"] >= 1
     assert gsm8k_engine.startup_s is not None and gsm8k_engine.startup_s > 0
-    assert "Starting vLLM server" in gsm8k_engine.log_tail(200)
+    # the whole log: the shared engine may have served many requests since it started
+    assert "Starting vLLM server" in gsm8k_engine.log_path.read_text(errors="replace")
     assert not gsm8k_engine.stop_event.is_set(), gsm8k_engine.stop_cause
     # The plugin settings reached vLLM: the server process itself loaded the plugin.
     receipts = gsm8k_engine.receipts()

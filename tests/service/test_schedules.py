@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 from service.auth import Role, create_token
 from service.db.models import Run, Schedule, ScheduleFire
 from service.db.session import session_scope
-from service.profiles import load_profiles
+from service.profiles import ProfileError, load_profiles
 from service.runs.state import Status, transition
 from service.scheduling import cron, schedules
 from service.scheduling.schemas import ScheduleUpdate
@@ -203,9 +203,8 @@ def test_profile_blocks_follow_the_nightly_switch_until_overridden(database_url:
     schedules.sync_from_profiles(database_url, profiles, nightly=True)
     assert (row().enabled, row().cron, row().overridden) == (False, "0 3 * * *", True)
 
-    with pytest.raises(schedules.ScheduleError, match="invalid cron expression"):
-        bad = load_profiles(write_profile(tmp_path / "bad", "every night"))
-        schedules.sync_from_profiles(database_url, bad, nightly=True)
+    with pytest.raises(ProfileError, match=r"nightly-fixture\.yaml: schedule: .*invalid cron expression"):
+        load_profiles(write_profile(tmp_path / "bad", "every night"))
 
 
 def test_cron_is_read_in_the_schedules_time_zone_across_daylight_saving() -> None:
