@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,14 +17,8 @@ import pytest
 from service.auth import Role, create_token
 from service.db.migrate import upgrade
 from service.db.session import session_scope
+from service.engine.launcher import free_port
 from tests.conftest import OFFLINE_ENV
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass
