@@ -19,6 +19,7 @@ from service.auth import Role, create_token
 from service.db.migrate import upgrade
 from service.db.models import Run
 from service.db.session import session_scope
+from service.engine import gpus
 from service.profiles import ProfileError, RunOverrides, apply_overrides, load_profiles
 from service.report import print_run, write_junit
 from service.runs import pipeline, queries, queue
@@ -150,6 +151,10 @@ def run(
     except ValueError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(EXIT_ERROR) from exc
+    unfit = gpus.refusal(profiles[profile])
+    if unfit is not None:
+        console.print(f"[red]{unfit}[/red]")
+        raise typer.Exit(EXIT_ERROR)
     worker_id = new_worker_id()
     with session_scope(url) as session:
         baselines.seed_from_profiles(session, profiles)
@@ -205,6 +210,11 @@ def submit(
     profile: Annotated[str, typer.Option(help="Profile to run")],
     label: Annotated[list[str] | None, typer.Option(help="key=value, repeatable (git_sha, vllm_version, ...)")] = None,
     limit: Annotated[int | None, typer.Option(help="Cap every suite at this many items")] = None,
+    variant: Annotated[str | None, typer.Option(help="Kernel variant: fixed, legacy or stock")] = None,
+    canary: Annotated[list[str] | None, typer.Option(help="Arm a canary (nan_kv_tail, high_block_ids); repeatable")] = None,
+    compare: Annotated[
+        str | None, typer.Option(help="A/B: two variants on the same prompts, control first, e.g. stock,fixed")
+    ] = None,
     wait: Annotated[bool, typer.Option(help="Wait for the verdict; the exit code then says pass/fail")] = False,
     junit: Annotated[Path | None, typer.Option(help="With --wait: write a JUnit XML report here")] = None,
     token: Annotated[str | None, typer.Option(envvar="KVCANARY_TOKEN", help="API token (ci role)")] = None,
@@ -217,8 +227,11 @@ def submit(
     if idempotency_key:
         headers["Idempotency-Key"] = idempotency_key
     body: dict[str, object] = {"profile": profile, "labels": _labels(label or [])}
-    if limit is not None:
-        body["overrides"] = {"limit": limit}
+    overrides = {"limit": limit, "kernel_variant": variant, "canaries": canary or None}
+    if any(value is not None for value in overrides.values()):
+        body["overrides"] = {key: value for key, value in overrides.items() if value is not None}
+    if compare is not None:
+        body["compare"] = [arm.strip() for arm in compare.split(",")]
     try:
         with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=30) as client:
             response = client.post("/api/v1/runs", json=body)

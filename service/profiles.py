@@ -46,6 +46,7 @@ class EngineSpec(Strict):
     stop_grace_s: float = Field(30.0, ge=0)
     allow_unverified_vllm: bool = False
     plugins: list[str] = Field(default_factory=list)
+    needs_gpu: bool = False
 
 
 class KernelSpec(Strict):

@@ -14,11 +14,13 @@ The data is the hub's `openai/gsm8k` (production) or a local mirror (JSONL or pa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,7 @@ FILTERS = ("strict-match", "flexible-extract")
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 EMIT_EVERY = 32
 EMIT_INTERVAL_S = 2.0
+STOP_POLL_S = 0.2
 
 
 class Gsm8kConfig(SuiteConfig):
@@ -137,6 +140,12 @@ class _Stopped(BaseException):
     every Exception) lets it through at once instead of retrying it."""
 
 
+async def _stop_seen(context: SuiteContext) -> None:
+    """Returns once the run's stop flag is set (engine dead or run cancelled)."""
+    while not context.should_stop():
+        await asyncio.sleep(STOP_POLL_S)
+
+
 def _observed_completions_class() -> type:
     """`local-completions` that tells a `_Collector` about every request and answer, checks
     the stop flag before each request, and answers prompts the collector already knows."""
@@ -183,7 +192,14 @@ def _observed_completions_class() -> type:
             async with self._gate:
                 if self._collector.context.should_stop():
                     raise _Stopped
-                return await super().amodel_call(session, sem, messages, **kwargs)
+                call = asyncio.ensure_future(super().amodel_call(session, sem, messages, **kwargs))
+                stopped = asyncio.ensure_future(_stop_seen(self._collector.context))
+                await asyncio.wait({call, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                if call.done():
+                    stopped.cancel()
+                    return call.result()
+                call.cancel()  # lm-eval would retry a dead engine max_retries times, with backoff
+                raise _Stopped
 
     return ObservedCompletions
 
@@ -253,6 +269,25 @@ def _metrics(results: Mapping[str, Any], n: int) -> list[MetricValue]:
     return metrics
 
 
+@contextlib.contextmanager
+def _lm_eval_log_to(path: Path) -> Iterator[None]:
+    """lm-eval's log lines (one retry warning per failed request) go to the suite's folder.
+
+    A run's terminal and the service's log show the run's progress and result; what lm-eval
+    said is kept beside its samples for whoever needs it.
+    """
+    logger = logging.getLogger("lm_eval")
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    saved = logger.handlers[:], logger.propagate
+    logger.handlers, logger.propagate = [handler], False
+    try:
+        yield
+    finally:
+        logger.handlers, logger.propagate = saved
+        handler.close()
+
+
 def run(context: SuiteContext) -> SuiteOutcome:
     from lm_eval import simple_evaluate
 
@@ -271,15 +306,16 @@ def run(context: SuiteContext) -> SuiteOutcome:
         tokenizer_backend=None,
     )
     try:
-        results = simple_evaluate(
-            model=model,
-            tasks=[task],
-            task_manager=manager,
-            num_fewshot=config.num_fewshot,
-            limit=config.limit,
-            log_samples=True,
-            fewshot_random_seed=config.fewshot_seed,
-        )
+        with _lm_eval_log_to(context.work_dir / "lm_eval.log"):
+            results = simple_evaluate(
+                model=model,
+                tasks=[task],
+                task_manager=manager,
+                num_fewshot=config.num_fewshot,
+                limit=config.limit,
+                log_samples=True,
+                fewshot_random_seed=config.fewshot_seed,
+            )
     except _Stopped:
         raise SuiteAborted(f"gsm8k: stopped after {len(collector.samples)} of {collector.total} answers") from None
     except Exception as exc:

@@ -7,8 +7,9 @@ from typing import Annotated
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 from sqlalchemy.orm import Session
 
-from service.api.deps import CI, ProfilesDep, SessionDep, Viewer, WriterDep
+from service.api.deps import CI, ProfilesDep, SessionDep, SettingsDep, Viewer, WriterDep
 from service.db.models import Run
+from service.engine.gpus import refusal
 from service.profiles import ProfileError, apply_overrides
 from service.runs import queries, queue
 from service.schemas import Page, RunCreate, RunDetail, RunSummary, SampleOut
@@ -40,6 +41,7 @@ def create_run(
     caller: CI,
     writer: WriterDep,
     profiles: ProfilesDep,
+    settings: SettingsDep,
     idempotency_key: Annotated[str | None, Header(max_length=128, pattern=r"^[\x21-\x7e]+$")] = None,
 ) -> RunDetail:
     """Queue a run of a profile; returns at once. Poll `GET /api/v1/runs/{id}` for progress."""
@@ -51,6 +53,9 @@ def create_run(
         apply_overrides(profile, body.overrides)
     except (ProfileError, ValueError) as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"overrides: {exc}") from exc
+    unfit = refusal(profile) if settings.executor == "local" else None
+    if unfit is not None:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, unfit)
     with writer() as session:
         run, created = queue.enqueue(
             session,

@@ -235,6 +235,21 @@ class Engine:
             return
         self.exit_code = stop_group(self._process, self.profile.engine.stop_grace_s)
 
+    def death_symptom(self) -> str | None:
+        """How the engine shows it is dead right now (exit, 503, no answer); None if it is alive."""
+        if self.stop_cause is not None:
+            return self.stop_cause
+        if self._process is None:
+            return None
+        returncode = self._process.poll()
+        if returncode is not None:
+            return f"engine process {self._process.pid} {describe_exit(returncode)}"
+        try:
+            status = httpx.get(f"{self.url}/health", timeout=_PROBE_TIMEOUT_S).status_code
+        except httpx.HTTPError as exc:
+            return f"{self.url}/health did not answer: {exc!r}"
+        return None if status == 200 else f"{self.url}/health answered HTTP {status}"
+
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return read_tail(self.log_path, lines)
 

@@ -19,6 +19,8 @@ from evals import suites as suite_registry
 from evals.suites.base import Sample, SuiteAborted, SuiteContext, SuiteOutcome
 from service.db.models import Run, RunEvent, utcnow
 from service.db.session import session_scope
+from service.engine import gpus
+from service.engine.death import EngineDied, diagnose_file
 from service.engine.launcher import Engine, EngineStartError
 from service.profiles import Profile, RunOverrides, apply_overrides
 from service.runs import scoring, store
@@ -30,10 +32,6 @@ LOG_TAIL_CHARS = 20_000
 
 
 class RunCancelled(RuntimeError):
-    pass
-
-
-class EngineDied(RuntimeError):
     pass
 
 
@@ -166,8 +164,69 @@ def _check_receipts(profile: Profile, facts: dict[str, Any]) -> None:
         )
 
 
+def _arm_died(url: str, run_id: int, engine: Engine, arm: str, moment: str, symptom: str) -> EngineDied:
+    """The one error an engine death becomes, wherever it was noticed; the log names the cause."""
+    with session_scope(url) as session:
+        run = session.get(Run, run_id)
+        if run is not None and run.progress_total:
+            moment += f" ({run.progress_done} of {run.progress_total} items done)"
+    return EngineDied(
+        arm=arm, moment=moment, symptom=symptom, cause=diagnose_file(engine.log_path), log_tail=engine.log_tail()
+    )
+
+
+def _start_arm(url: str, run: Run, arm: str, engine: Engine) -> None:
+    try:
+        engine.start()
+    except EngineStartError as exc:
+        if exc.exit_code is None:
+            raise  # alive but not healthy in time, or no receipt: not a death
+        symptom = str(exc).splitlines()[0]
+        raise _arm_died(url, run.id, engine, arm, "at start-up, before /health answered", symptom) from None
+
+
+def _run_arm(
+    url: str,
+    run: Run,
+    arm: str,
+    arm_profile: Profile,
+    engine: Engine,
+    arm_dir: Path,
+    watcher: _Watcher,
+    timings: dict[str, Any],
+    outcomes: dict[tuple[str, str], SuiteOutcome],
+) -> None:
+    """Every suite of one arm against its engine; an engine death raises EngineDied."""
+    for entry in arm_profile.suites:
+        began = time.monotonic()
+        moment = f"while {entry.suite} ran"
+        try:
+            outcome = _run_suite(url, run, arm, arm_profile, engine, entry.suite, arm_dir / entry.suite)
+        except Exception as exc:
+            if watcher.cancelled.is_set():
+                raise RunCancelled("cancelled while suites ran") from None
+            symptom = engine.death_symptom()
+            if symptom is None and isinstance(exc, SuiteAborted):
+                symptom = str(exc)
+            if symptom is None:
+                raise
+            raise _arm_died(url, run.id, engine, arm, moment, symptom) from None
+        if watcher.cancelled.is_set():
+            raise RunCancelled("cancelled while suites ran")
+        symptom = engine.death_symptom() if engine.stop_event.is_set() else None
+        if symptom is not None:
+            raise _arm_died(url, run.id, engine, arm, moment, symptom)
+        outcomes[(arm, entry.suite)] = outcome
+        timings[f"{arm}.{entry.suite}_s"] = round(time.monotonic() - began, 2)
+        _set(url, run.id, timings=dict(timings))
+
+
 def execute(run_id: int, settings: Settings, profiles: dict[str, Profile], worker_id: str = "local") -> str:
-    """Run a claimed run (status starting_engine) to its end state; returns that state."""
+    """Run a claimed run (status starting_engine) to its end state; returns that state.
+
+    In an A/B run an arm whose engine dies does not stop the other: the surviving arm is
+    still judged (against the baseline), and the run ends `error` naming the dead arm.
+    """
     url = settings.resolved_database_url()
     with session_scope(url) as session:
         run = session.get(Run, run_id)
@@ -183,53 +242,64 @@ def execute(run_id: int, settings: Settings, profiles: dict[str, Profile], worke
     try:
         if run.profile not in profiles:
             raise KeyError(f"profile {run.profile!r} is no longer in the profiles folder")
+        unfit = gpus.refusal(profiles[run.profile])
+        if unfit is not None:
+            raise RuntimeError(unfit)
         profile = resolve_profile(profiles[run.profile], run.overrides)
         _set(url, run.id, run_dir=str(run_dir))
         arms = list(run.variants) or [profile.kernels.variant]
         outcomes: dict[tuple[str, str], SuiteOutcome] = {}
-        for index, arm in enumerate(arms):
+        deaths: list[EngineDied] = []
+        running = False
+        for arm in arms:
             arm_profile = profile.model_copy(update={"kernels": profile.kernels.model_copy(update={"variant": arm})})
+            stop_event.clear()
             engine = Engine(arm_profile, run_dir / arm, python=settings.engine_python, stop_event=stop_event)
             (run_dir / arm).mkdir(parents=True, exist_ok=True)
             began = time.monotonic()
-            engine.start()
-            _set(url, run.id, engine_pid=engine.pid)
-            facts = _engine_facts(engine)
-            _check_receipts(arm_profile, facts)
-            timings[f"{arm}.engine_start_s"] = round(time.monotonic() - began, 2)
-            engine_record = dict(run.engine)
-            engine_record[arm] = facts
-            run.engine = engine_record
-            if index == 0:
-                _set(url, run.id, Status.RUNNING, f"engine {facts['version']} up", engine=engine_record)
-            else:
-                _set(url, run.id, engine=engine_record)
-            for entry in profile.suites:
-                began = time.monotonic()
-                try:
-                    outcome = _run_suite(url, run, arm, arm_profile, engine, entry.suite, run_dir / arm / entry.suite)
-                except SuiteAborted:
-                    if watcher.cancelled.is_set():
-                        raise RunCancelled("cancelled while suites ran") from None
-                    raise EngineDied(engine.stop_cause or "the engine stopped answering") from None
-                if watcher.cancelled.is_set():
-                    raise RunCancelled("cancelled while suites ran")
-                if stop_event.is_set():
-                    raise EngineDied(engine.stop_cause or "the engine stopped answering")
-                outcomes[(arm, entry.suite)] = outcome
-                timings[f"{arm}.{entry.suite}_s"] = round(time.monotonic() - began, 2)
-                _set(url, run.id, timings=dict(timings))
+            try:
+                _start_arm(url, run, arm, engine)
+                _set(url, run.id, engine_pid=engine.pid)
+                facts = _engine_facts(engine)
+                _check_receipts(arm_profile, facts)
+                timings[f"{arm}.engine_start_s"] = round(time.monotonic() - began, 2)
+                engine_record = dict(run.engine)
+                engine_record[arm] = facts
+                run.engine = engine_record
+                if not running:
+                    running = True
+                    _set(url, run.id, Status.RUNNING, f"engine {facts['version']} up", engine=engine_record)
+                else:
+                    _set(url, run.id, engine=engine_record)
+                _run_arm(url, run, arm, arm_profile, engine, run_dir / arm, watcher, timings, outcomes)
+            except EngineDied as death:
+                if len(arms) == 1:
+                    raise
+                deaths.append(death)
+                _event(url, run.id, "arm_error", str(death))
+                _set(url, run.id, log_tail=death.log_tail[-LOG_TAIL_CHARS:], timings=dict(timings))
+                engine.stop()
+                engine = None
+                continue
             _set(url, run.id, log_tail=engine.log_tail()[-LOG_TAIL_CHARS:])
             engine.stop()
             engine = None
+        if len(deaths) == len(arms):
+            raise deaths[0]
         _set(url, run.id, Status.SCORING, "suites done", timings=dict(timings), engine_pid=None)
         verdict, summary = scoring.score(url, run.id, profile, outcomes, arms)
+        if deaths:
+            message = "EngineDied: " + "; ".join(str(death) for death in deaths)
+            _set(url, run.id, verdict=verdict, verdict_summary=summary)
+            return _end(url, run.id, Status.ERROR, message, None, timings, deaths[0].log_tail)
         final = Status.FAILED if verdict == "fail" else Status.PASSED
         _set(url, run.id, final, summary, verdict=verdict, verdict_summary=summary)
         return final.value
     except RunCancelled as exc:
         return _end(url, run.id, Status.CANCELLED, str(exc), engine, timings)
-    except (EngineStartError, EngineDied, SuiteAborted) as exc:
+    except EngineDied as exc:
+        return _end(url, run.id, Status.ERROR, f"EngineDied: {exc}", engine, timings, exc.log_tail)
+    except (EngineStartError, SuiteAborted) as exc:
         tail = getattr(exc, "log_tail", "") or (engine.log_tail() if engine else "")
         return _end(url, run.id, Status.ERROR, f"{type(exc).__name__}: {exc}", engine, timings, tail)
     except Exception as exc:

@@ -125,32 +125,49 @@ def _judge_ab(
     return _no_samples(suite, metric)
 
 
+def _with_pairing(base: MetricJudgement, paired: MetricJudgement, control_arm: str) -> MetricJudgement:
+    """The treatment arm's judgement: its baseline's and the paired test's, the worse one decides."""
+    if base.verdict == "no_baseline":
+        return paired
+    worse = base if run_verdict([base, paired]) == base.verdict else paired
+    return dataclasses.replace(
+        worse,
+        explanation=f"{base.explanation} Paired against the {control_arm} arm: {paired.explanation}",
+        details={**base.details, **{f"paired_{key}": value for key, value in paired.details.items()}},
+    )
+
+
 def score(
     url: str, run_id: int, profile: Profile, outcomes: Mapping[tuple[str, str], SuiteOutcome], arms: list[str]
 ) -> tuple[str, str]:
-    """Judge and store every metric of every arm; return (run verdict, one-line summary)."""
-    judgements: list[MetricJudgement] = []
+    """Judge and store every metric of every arm that finished; return (run verdict, summary).
+
+    Every arm is held to the profile's baseline (and reference run); in an A/B run the second
+    arm is also paired with the first on the same items, and the worse judgement decides. An
+    arm whose engine died has no outcome here: the other is judged against the baseline alone.
+    """
+    judgements: list[tuple[str, MetricJudgement]] = []
     with session_scope(url) as session:
         run = session.get(Run, run_id)
         assert run is not None
         for (arm, suite), outcome in outcomes.items():
             samples = store.load_samples(session, run_id, arm, suite)
             limit = profile.suite_configs()[suite].max_empty_response_rate
+            control = arms[0] if len(arms) == 2 and arm == arms[1] and (arms[0], suite) in outcomes else None
             for metric in outcome.metrics:
-                judgement: MetricJudgement | None
-                if len(arms) == 2 and arm == arms[0]:
-                    judgement = None  # the control arm is what the treatment is judged against
-                elif len(arms) == 2:
-                    judgement = _judge_ab(session, profile, suite, metric, arms[0], run_id, samples)
-                else:
-                    judgement = _judge(session, run, profile, suite, metric, samples)
-                if judgement is not None and outcome.empty_response_rate > limit:
+                judgement = _judge(session, run, profile, suite, metric, samples)
+                if control is not None:
+                    paired = _judge_ab(session, profile, suite, metric, control, run_id, samples)
+                    judgement = _with_pairing(judgement, paired, control)
+                if outcome.empty_response_rate > limit:
                     judgement = _empty_rate_failure(judgement, outcome.empty_response_rate, limit)
-                if judgement is not None:
-                    judgements.append(judgement)
+                if len(arms) == 1 or judgement.verdict != "no_baseline" or control is not None:
+                    judgements.append((arm, judgement))
                 store.save_result(session, run, arm, suite, metric, outcome.empty_response_rate, judgement)
-    verdict = run_verdict(judgements)
+    verdict = run_verdict([j for _, j in judgements])
+    prefix = (lambda arm: f"{arm}/") if len(arms) > 1 else (lambda arm: "")
     summary = (
-        "; ".join(f"{j.suite}.{j.metric} {j.value:.4f}: {j.verdict}" for j in judgements) or "no metrics were judged"
+        "; ".join(f"{prefix(arm)}{j.suite}.{j.metric} {j.value:.4f}: {j.verdict}" for arm, j in judgements)
+        or "no metrics were judged"
     )
     return verdict, f"{verdict}: {summary}"

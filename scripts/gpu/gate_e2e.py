@@ -1,0 +1,199 @@
+"""The gate on a GPU host through kvcanary itself: `kvcanary serve`, `kvcanary submit --wait`, a table.
+
+Each row is one run submitted to a live service exactly as CI submits it (same queue,
+launcher, suites, scoring and store); the table printed at the end is read back from the
+service's API, and each row is checked against what the gate must show. Run it through
+`scripts/gpu/gate_e2e.sh`, which sets up vLLM and kvcanary's dependencies first.
+
+    python scripts/gpu/gate_e2e.py --out OUT [--rows gsm8k,whisper,mla,legacy,tp2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+Check = Callable[[dict[str, Any]], list[str]]
+
+
+@dataclass(frozen=True)
+class Row:
+    key: str
+    group: str
+    profile: str
+    args: tuple[str, ...]
+    expected: str
+    check: Check = field(repr=False)
+
+
+def _metrics(run: dict[str, Any], arm: str) -> list[dict[str, Any]]:
+    return [m for m in run["metrics"] if m["arm"] == arm and m["verdict"] is not None]
+
+
+def _arm_verdicts(run: dict[str, Any], arm: str, allowed: set[str]) -> list[str]:
+    found = _metrics(run, arm)
+    if not found:
+        return [f"{arm} arm has no judged metric"]
+    return [f"{arm} {m['suite']}.{m['metric']} is {m['verdict']}" for m in found if m["verdict"] not in allowed]
+
+
+def _on_path(run: dict[str, Any], arm: str, workers: int = 1) -> list[str]:
+    """Receipts of the processes that run the model: injected arms on the path, stock ones not."""
+    receipts = [r for r in run["engine"].get(arm, {}).get("receipts", []) if r.get("runs_model")]
+    if arm == "stock":
+        wrong = [r["pid"] for r in receipts if r.get("on_execution_path")]
+        return [f"stock arm: process {pid} says kernels were injected" for pid in wrong]
+    good = [r for r in receipts if r.get("on_execution_path") is True]
+    if len(good) < workers:
+        paths = [r.get("execution_path") for r in receipts]
+        return [f"{arm} arm: {len(good)} of {workers} model processes on the execution path ({paths})"]
+    return []
+
+
+def _status(run: dict[str, Any], status: str) -> list[str]:
+    return [] if run["status"] == status else [f"run is {run['status']}, not {status}: {run['error'] or ''}"]
+
+
+def _engine_death(run: dict[str, Any], arm: str) -> list[str]:
+    error = run["error"] or ""
+    problems = _status(run, "error")
+    if f"arm {arm!r} died" not in error:
+        problems.append(f"the error does not name the {arm} arm's engine death: {error[:200]}")
+    if "CUDA error" not in error:
+        problems.append(f"the error does not name a CUDA error: {error[:200]}")
+    return problems
+
+
+def rows() -> list[Row]:
+    ab = ("--compare", "stock,fixed")
+    nan, high = ("--canary", "nan_kv_tail"), ("--canary", "high_block_ids")
+    return [
+        Row("gsm8k-ab", "gsm8k", "gsm8k-tiny-gpu", ab, "both arms pass; paired: no significant change",
+            lambda r: _status(r, "passed") + _arm_verdicts(r, "stock", {"pass"})
+            + _arm_verdicts(r, "fixed", {"pass", "inconclusive"}) + _on_path(r, "stock") + _on_path(r, "fixed")),
+        Row("whisper-ab", "whisper", "whisper-tiny-en-gpu", (*ab, *nan), "stock fails, fixed passes, run fails",
+            lambda r: _status(r, "failed") + _arm_verdicts(r, "stock", {"fail"}) + _arm_verdicts(r, "fixed", {"pass"})
+            + _on_path(r, "stock") + _on_path(r, "fixed")),
+        Row("mla-ab", "mla", "gsm8k-tiny-mla-gpu", (*ab, *high), "stock engine dies (CUDA error), fixed passes",
+            lambda r: _engine_death(r, "stock") + _arm_verdicts(r, "fixed", {"pass"}) + _on_path(r, "fixed")),
+        Row("gsm8k-legacy", "legacy", "gsm8k-tiny-gpu", ("--variant", "legacy"), "passes (as stock)",
+            lambda r: _status(r, "passed") + _on_path(r, "legacy")),
+        Row("whisper-legacy", "legacy", "whisper-tiny-en-gpu", ("--variant", "legacy", *nan), "fails (as stock)",
+            lambda r: _status(r, "failed") + _arm_verdicts(r, "legacy", {"fail"}) + _on_path(r, "legacy")),
+        Row("mla-legacy", "legacy", "gsm8k-tiny-mla-gpu", ("--variant", "legacy", *high), "engine dies (as stock)",
+            lambda r: _status(r, "error") + (["no CUDA error named"] if "CUDA error" not in (r["error"] or "") else [])),
+        Row("gsm8k-tp2", "tp2", "gsm8k-tiny-tp2-gpu", (), "passes; receipts from both workers on the path",
+            lambda r: _status(r, "passed") + _arm_verdicts(r, "fixed", {"pass"}) + _on_path(r, "fixed", workers=2)),
+    ]  # fmt: skip
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "service", *args]
+
+
+def _serve(env: dict[str, str], url: str, log: Path) -> subprocess.Popen[bytes]:
+    process = subprocess.Popen(_cli("serve"), env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None:
+            break
+        time.sleep(0.5)
+    process.kill()
+    raise SystemExit(f"kvcanary serve did not come up; see {log}")
+
+
+def _arms(run: dict[str, Any]) -> str:
+    parts = []
+    for arm in run["variants"] or [next(iter(run["engine"]), "-")]:
+        judged = _metrics(run, arm)
+        if judged:
+            parts.append(f"{arm}: " + ", ".join(f"{m['metric']} {m['value']:.4f} {m['verdict']}" for m in judged))
+        else:
+            parts.append(f"{arm}: error" if f"arm {arm!r}" in (run["error"] or "") or run["status"] == "error"
+                         else f"{arm}: -")  # fmt: skip
+    return "; ".join(parts)
+
+
+def _table(results: list[tuple[Row, dict[str, Any], float, list[str]]]) -> str:
+    lines = [
+        "| run | profile | submit | arms | run status | as expected |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row, run, seconds, problems in results:
+        ok = "yes" if not problems else "NO: " + "; ".join(problems)
+        lines.append(
+            f"| {run['id']} {row.key} | {row.profile} | {' '.join(row.args) or '(profile as is)'} | {_arms(run)} | "
+            f"{run['status']} ({run['verdict'] or '-'}), {seconds:.0f} s | {ok} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for the data dir, logs, JUnit and table")
+    parser.add_argument("--rows", default="gsm8k,whisper,mla,legacy", help="groups: gsm8k,whisper,mla,legacy,tp2")
+    parser.add_argument("--port", type=int, default=8077)
+    args = parser.parse_args()
+    groups = set(args.rows.split(","))
+    selected = [row for row in rows() if row.group in groups]
+    args.out.mkdir(parents=True, exist_ok=True)
+    data_dir = args.out / "data"
+    url = f"http://127.0.0.1:{args.port}"
+    env = {
+        **os.environ,
+        "KVCANARY_DATA_DIR": str(data_dir),
+        "KVCANARY_PORT": str(args.port),
+        "KVCANARY_ENGINE_PYTHON": os.environ.get("KVCANARY_ENGINE_PYTHON", sys.executable),
+        "PYTHONUNBUFFERED": "1",
+    }
+    made = subprocess.run(_cli("tokens", "create", "--role", "ci", "--name", "gpu-gate"), env=env,
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    token = made.stdout.strip().splitlines()[-1]
+    service = _serve(env, url, args.out / "serve.log")
+    results = []
+    try:
+        for row in selected:
+            began = time.monotonic()
+            print(f"== {row.key}: kvcanary submit --profile {row.profile} {' '.join(row.args)}", flush=True)
+            submitted = subprocess.run(
+                _cli("submit", "--url", url, "--profile", row.profile, *row.args, "--wait", "--poll", "3",
+                     "--junit", str(args.out / f"junit-{row.key}.xml")),
+                env={**env, "KVCANARY_TOKEN": token, "COLUMNS": "200"}, capture_output=True, text=True,
+            )  # fmt: skip
+            (args.out / f"submit-{row.key}.log").write_text(submitted.stdout + submitted.stderr)
+            print(submitted.stdout, flush=True)
+            listed = httpx.get(f"{url}/api/v1/runs", params={"limit": 1}, timeout=30).raise_for_status().json()
+            run = httpx.get(f"{url}/api/v1/runs/{listed['items'][0]['id']}", timeout=30).raise_for_status().json()
+            problems = row.check(run)
+            results.append((row, run, time.monotonic() - began, problems))
+            (args.out / f"run-{row.key}.json").write_text(json.dumps(run, indent=1, default=str))
+    finally:
+        service.terminate()
+        service.wait(60)
+    table = _table(results)
+    print(table)
+    (args.out / "table.md").write_text(table + "\n")
+    database = data_dir / "kvcanary.db"
+    if database.exists():
+        shutil.copy(database, args.out / "kvcanary.db")
+    return 0 if all(not problems for *_, problems in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The accuracy gate end to end on a GPU host, through kvcanary itself (docs/gpu-gate.md).
+#
+#   scripts/gpu/gate_e2e.sh pack KIT_BUILDER OUTDIR   on a machine with PyPI: everything the host needs
+#   scripts/gpu/gate_e2e.sh run  CARRIED OUTDIR [ROWS] on the GPU host (no network): set up, run, table
+#
+# `pack` builds the offline vLLM 0.24.0 kit (KIT_BUILDER is the kit's build.sh), kvcanary's wheel
+# and the wheels it needs beyond the kit and the host's own packages (python 3.12), and the
+# fixtures that are built rather than committed (Whisper tiny.en converted to a transformers
+# checkpoint, the 176 speech clips), cut into parts of FIXTURE_PART_BYTES (10 MB) so that
+# they fit beside the kit's parts in transfers of limited size.
+# `run` expects all of that in one folder CARRIED, laid out as `pack` wrote it (kit/part*/,
+# kit/host/, kit/addon-fa3/, wheels/, fixtures/), installs it under /tmp, starts `kvcanary serve`,
+# submits each gate run with `kvcanary submit --wait` and prints the result table. ROWS picks
+# groups (default gsm8k,whisper,mla,legacy; tp2 needs two GPUs). A trained MLA checkpoint that
+# is not in the wheel yet can be given as MLA_MODEL_DIR.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+
+pack() {
+  local builder=$1 out=$2
+  mkdir -p "$out"
+  out=$(cd "$out" && pwd)
+  [ -d "$out/kit/part1" ] || bash "$builder" "$out/kit"
+  local py=${PYTHON312:-python3.12}
+  [ -x "$out/.py312/bin/python" ] || "$py" -m venv "$out/.py312"
+  "$out/.py312/bin/python" -m pip install -q --upgrade pip
+  rm -rf "$out/.alldeps" "$out/wheels" && mkdir -p "$out/wheels"
+  "$out/.py312/bin/python" -m pip wheel -q -w "$out/.alldeps" "$repo"
+  # Keep kvcanary and what neither the kit nor the host already has.
+  "$out/.py312/bin/python" - "$out" "$(dirname "$builder")/host-packages.txt" <<'PY'
+import json, re, shutil, sys
+from pathlib import Path
+out, host_list = Path(sys.argv[1]), Path(sys.argv[2])
+norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()
+have = {norm(n) for n in json.loads((out / "kit/.work/closure.json").read_text())["wheels"]}
+have |= {norm(line.split("#")[0].strip()) for line in host_list.read_text().splitlines() if line.split("#")[0].strip()}
+kept = []
+for wheel in sorted((out / ".alldeps").glob("*.whl")):
+    name = norm(wheel.name.split("-")[0])
+    if name == "kvcanary" or name not in have:
+        shutil.copy(wheel, out / "wheels" / wheel.name)
+        kept.append(wheel.name)
+print(f"{len(kept)} wheels beside the kit and the host:", ", ".join(kept))
+PY
+  local cache="$out/.fixtures"
+  KVCANARY_CACHE_DIR="$cache" "$repo/.venv/bin/python" -c \
+    "from evals import fixtures; [print(fixtures.resolve(f)) for f in ('fixture:whisper-tiny-en', 'fixture:speech-clips-varied')]"
+  rm -f "$out"/fixtures/fixtures.tar.part* && mkdir -p "$out/fixtures"
+  tar -C "$cache" -cf - whisper-tiny.en speech-clips-varied | split -b "${FIXTURE_PART_BYTES:-10000000}" - "$out/fixtures/fixtures.tar.part"
+  du -sh "$out"/kit/part* "$out"/kit/host "$out"/kit/addon-fa3 "$out"/wheels "$out"/fixtures/* | sort -k2
+}
+
+run() {
+  local carried=$1 out=$2 rows=${3:-gsm8k,whisper,mla,legacy}
+  carried=$(cd "$carried" && pwd)
+  mkdir -p "$out" && out=$(cd "$out" && pwd)
+  bash "$carried/kit/host/setup.sh" "$carried/kit"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kvc "$carried"/wheels/*.whl
+  if [ -n "${MLA_MODEL_DIR:-}" ]; then
+    rm -rf /tmp/kvc/evals/fixtures/data/gsm8k-tiny-mla && cp -r "$MLA_MODEL_DIR" /tmp/kvc/evals/fixtures/data/gsm8k-tiny-mla
+  fi
+  export KVCANARY_CACHE_DIR=/tmp/kvc-fixtures KIT_PLUGIN_PATH=/tmp/kvc
+  mkdir -p "$KVCANARY_CACHE_DIR" && cat "$carried"/fixtures/fixtures.tar.part* | tar -C "$KVCANARY_CACHE_DIR" -xf -
+  # shellcheck disable=SC1091
+  source /tmp/bundle/kit-env.sh
+  export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+  cd "$out"  # nothing of the checkout may shadow the installed kvcanary
+  python3 "$here/gate_e2e.py" --out "$out" --rows "$rows"
+}
+
+case "${1:-}" in
+  pack) shift; pack "$@" ;;
+  run) shift; run "$@" ;;
+  *) sed -n '2,16p' "$0"; exit 2 ;;
+esac
