@@ -211,7 +211,9 @@ def submit(
     label: Annotated[list[str] | None, typer.Option(help="key=value, repeatable (git_sha, vllm_version, ...)")] = None,
     limit: Annotated[int | None, typer.Option(help="Cap every suite at this many items")] = None,
     variant: Annotated[str | None, typer.Option(help="Kernel variant: fixed, legacy or stock")] = None,
-    canary: Annotated[list[str] | None, typer.Option(help="Arm a canary (nan_kv_tail, high_block_ids); repeatable")] = None,
+    canary: Annotated[
+        list[str] | None, typer.Option(help="Arm a canary (nan_kv_tail, high_block_ids); repeatable")
+    ] = None,
     compare: Annotated[
         str | None, typer.Option(help="A/B: two variants on the same prompts, control first, e.g. stock,fixed")
     ] = None,

@@ -92,7 +92,7 @@ def rows() -> list[Row]:
         Row("whisper-legacy", "legacy", "whisper-tiny-en-gpu", ("--variant", "legacy", *nan), "fails (as stock)",
             lambda r: _status(r, "failed") + _arm_verdicts(r, "legacy", {"fail"}) + _on_path(r, "legacy")),
         Row("mla-legacy", "legacy", "gsm8k-tiny-mla-gpu", ("--variant", "legacy", *high), "engine dies (as stock)",
-            lambda r: _status(r, "error") + (["no CUDA error named"] if "CUDA error" not in (r["error"] or "") else [])),
+            lambda r: _status(r, "error") + ([] if "CUDA error" in (r["error"] or "") else ["no CUDA error named"])),
         Row("gsm8k-tp2", "tp2", "gsm8k-tiny-tp2-gpu", (), "passes; receipts from both workers on the path",
             lambda r: _status(r, "passed") + _arm_verdicts(r, "fixed", {"pass"}) + _on_path(r, "fixed", workers=2)),
     ]  # fmt: skip

@@ -58,7 +58,8 @@ def test_a_log_without_a_cause_says_none(tmp_path: Path) -> None:
     died = EngineDied(arm="stock", moment="while gsm8k ran", symptom="engine process 9 was killed by SIGKILL",
                       cause=None, log_tail="INFO starting")  # fmt: skip
     assert str(died) == (
-        "the engine of arm 'stock' died while gsm8k ran: its log names no cause (engine process 9 was killed by SIGKILL)"
+        "the engine of arm 'stock' died while gsm8k ran: "
+        "its log names no cause (engine process 9 was killed by SIGKILL)"
     )
 
 
