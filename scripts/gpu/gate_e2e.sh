@@ -59,7 +59,8 @@ run() {
   bash "$carried/kit/host/setup.sh" "$carried/kit"
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kvc "$carried"/wheels/*.whl
   if [ -n "${MLA_MODEL_DIR:-}" ]; then
-    rm -rf /tmp/kvc/evals/fixtures/data/gsm8k-tiny-mla && cp -r "$MLA_MODEL_DIR" /tmp/kvc/evals/fixtures/data/gsm8k-tiny-mla
+    local mla=/tmp/kvc/evals/fixtures/data/gsm8k-tiny-mla
+    rm -rf "$mla" && ln -s "$MLA_MODEL_DIR" "$mla"  # read when the MLA runs start: it may still be training
   fi
   export KVCANARY_CACHE_DIR=/tmp/kvc-fixtures KIT_PLUGIN_PATH=/tmp/kvc
   mkdir -p "$KVCANARY_CACHE_DIR" && cat "$carried"/fixtures/fixtures.tar.part* | tar -C "$KVCANARY_CACHE_DIR" -xf -

@@ -125,6 +125,12 @@ def _judge_ab(
     return _no_samples(suite, metric)
 
 
+def _from_pairing(explanation: str, control_arm: str) -> str:
+    """The paired judgement's own sentences, from where it names the control arm."""
+    start = explanation.find(f"Against the {control_arm} arm")
+    return explanation[start:] if start >= 0 else explanation
+
+
 def _with_pairing(base: MetricJudgement, paired: MetricJudgement, control_arm: str) -> MetricJudgement:
     """The treatment arm's judgement: its baseline's and the paired test's, the worse one decides."""
     if base.verdict == "no_baseline":
@@ -132,7 +138,7 @@ def _with_pairing(base: MetricJudgement, paired: MetricJudgement, control_arm: s
     worse = base if run_verdict([base, paired]) == base.verdict else paired
     return dataclasses.replace(
         worse,
-        explanation=f"{base.explanation} Paired against the {control_arm} arm: {paired.explanation}",
+        explanation=f"{base.explanation} Paired ({paired.verdict}): {_from_pairing(paired.explanation, control_arm)}",
         details={**base.details, **{f"paired_{key}": value for key, value in paired.details.items()}},
     )
 

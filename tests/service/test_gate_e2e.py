@@ -249,7 +249,7 @@ def test_ab_request_judges_one_variant_against_the_other_on_the_same_prompts(gat
     judged = [m for m in run["metrics"] if m["verdict"] is not None]
     assert {m["arm"] for m in judged} == {"stock", "fixed"} and all(m["verdict"] == "pass" for m in judged)
     paired = [m for m in judged if m["arm"] == "fixed"]
-    assert all(m["details"]["paired_flips_down"] == 0 and "Paired against the stock arm" in m["explanation"]
+    assert all(m["details"]["paired_flips_down"] == 0 and "Paired (pass): Against the stock arm" in m["explanation"]
                for m in paired), paired  # fmt: skip
     with session_scope(gate["service"].database_url) as session:
         keys = {
