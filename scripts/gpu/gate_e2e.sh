@@ -57,6 +57,7 @@ run() {
   carried=$(cd "$carried" && pwd)
   mkdir -p "$out" && out=$(cd "$out" && pwd)
   bash "$carried/kit/host/setup.sh" "$carried/kit"
+  rm -rf /tmp/kvc
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kvc "$carried"/wheels/*.whl
   if [ -n "${MLA_MODEL_DIR:-}" ]; then
     local mla=/tmp/kvc/evals/fixtures/data/gsm8k-tiny-mla

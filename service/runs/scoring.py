@@ -132,12 +132,14 @@ def _from_pairing(explanation: str, control_arm: str) -> str:
 
 
 def _with_pairing(base: MetricJudgement, paired: MetricJudgement, control_arm: str) -> MetricJudgement:
-    """The treatment arm's judgement: its baseline's and the paired test's, the worse one decides."""
+    """The treatment arm's judgement: its baseline decides, and a significant regression against
+    the control arm fails it too. An inconclusive pairing does not undo a decided baseline (a
+    control that fails its own baseline cannot certify anything); without a baseline value the
+    pairing alone decides."""
     if base.verdict == "no_baseline":
         return paired
-    worse = base if run_verdict([base, paired]) == base.verdict else paired
     return dataclasses.replace(
-        worse,
+        paired if paired.verdict == "fail" else base,
         explanation=f"{base.explanation} Paired ({paired.verdict}): {_from_pairing(paired.explanation, control_arm)}",
         details={**base.details, **{f"paired_{key}": value for key, value in paired.details.items()}},
     )
