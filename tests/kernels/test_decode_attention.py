@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import LaunchConfig, decode_attention_fwd
+from kernels._launch import LaunchConfig
+from kernels.decode_attention import decode_attention_fwd
 from kernels.reference import decode_attention_reference, relative_error
 from tests.kernels.conftest import (
     DEVICE,

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from kernels import LaunchConfig, unified_attention
+from kernels._launch import LaunchConfig
 from kernels.reference import relative_error, unified_attention_reference
+from kernels.unified_attention import unified_attention
 from tests.kernels.conftest import (
     DEVICE,
     ON_GPU,
