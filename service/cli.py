@@ -16,10 +16,9 @@ from typing import Annotated
 
 import httpx
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from service.report import print_run, write_junit
+from service.report import cli_console, print_run, write_junit
 from service.roles import Role
 from service.runs.state import FINAL
 from service.scheduling.cli import app as schedules_app
@@ -34,7 +33,7 @@ app.add_typer(tokens_app, name="tokens")
 app.add_typer(baselines_app, name="baselines")
 app.add_typer(schedules_app, name="schedules")
 
-console = Console()
+console = cli_console()
 EXIT_PASS, EXIT_REGRESSION, EXIT_ERROR = 0, 1, 2
 
 

@@ -11,14 +11,14 @@ from datetime import datetime
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from service.profiles import ProfileError, load_profiles
+from service.report import cli_console
 from service.settings import get_settings
 
 app = typer.Typer(help="Nightly schedules", no_args_is_help=True)
-console = Console()
+console = cli_console()
 EXIT_QUEUED, EXIT_SKIPPED, EXIT_ERROR = 0, 1, 2
 
 
