@@ -29,7 +29,7 @@ PYTHON = "/opt/py/bin/python"
 
 
 def live_group_members(pgid: int) -> list[psutil.Process]:
-    """Independent of the launcher's own /proc reader: what psutil sees alive in the group."""
+    """What psutil sees alive in the group, asked here rather than through the launcher."""
     alive = []
     for process in psutil.process_iter():
         try:
