@@ -170,6 +170,27 @@ def score(utterance: Utterance, hypothesis: str, error: str | None = None) -> Sa
     )
 
 
+def word_marks(reference: str, hypothesis: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The normalised words of both sides, each with what jiwer's alignment made of it.
+
+    Marks are jiwer's chunk types: equal, substitute, delete (reference only), insert
+    (hypothesis only); so the samples page shows the very edits the S/D/I counts add up.
+    """
+    import jiwer
+
+    ref_norm, hyp_norm = normalize(reference), normalize(hypothesis)
+    if not ref_norm:
+        return [], []
+    aligned = jiwer.process_words(ref_norm, hyp_norm)
+    ref_words, hyp_words = aligned.references[0], aligned.hypotheses[0]
+    ref: list[tuple[str, str]] = []
+    hyp: list[tuple[str, str]] = []
+    for chunk in aligned.alignments[0]:
+        ref += [(word, chunk.type) for word in ref_words[chunk.ref_start_idx : chunk.ref_end_idx]]
+        hyp += [(word, chunk.type) for word in hyp_words[chunk.hyp_start_idx : chunk.hyp_end_idx]]
+    return ref, hyp
+
+
 def corpus_wer(samples: list[Sample]) -> float:
     """jiwer's corpus WER over the normalised pairs (edits summed over words summed)."""
     import jiwer
