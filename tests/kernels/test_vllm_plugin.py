@@ -106,6 +106,7 @@ def test_register_refuses_an_unverified_vllm(monkeypatch: pytest.MonkeyPatch, tm
     assert vllm_plugin._plugin is None and read_receipts(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_installed_vllm_signatures_are_the_verified_ones() -> None:
     import vllm.v1.attention.backends.mla.triton_mla as mla
     import vllm.v1.attention.backends.triton_attn as triton_attn

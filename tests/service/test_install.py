@@ -16,11 +16,14 @@ import zipfile
 from pathlib import Path
 
 import httpx
+import pytest
 
 import evals
 import service
 from service.roles import Role
 from tests.service.conftest import StartService
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_PACKAGES = ("torch", "triton", "vllm", "lm_eval", "transformers")

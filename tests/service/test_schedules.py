@@ -192,6 +192,7 @@ def _race(url: str, profiles_dir: str, fire_time: datetime, barrier: Any, out: A
     out.put(None if fired is None else fired.run_id)
 
 
+@pytest.mark.slow
 def test_processes_racing_for_one_fire_queue_one_run(database_url: str, tmp_path: Path) -> None:
     profiles_dir = write_profile(tmp_path / "profiles")
     schedules.sync_from_profiles(database_url, load_profiles(profiles_dir), nightly=True)
