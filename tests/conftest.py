@@ -80,6 +80,36 @@ def gsm8k_engine(
         yield engine
 
 
+CanaryEngine = Callable[[], Engine]
+
+
+@pytest.fixture(scope="session")
+def canary_engine(
+    tmp_path_factory: pytest.TempPathFactory, offline_env: dict[str, str], make_profile: MakeProfile
+) -> Iterator[CanaryEngine]:
+    """`canary_engine()`: the GSM8k fixture model with both canaries on, health-checked twice a second.
+
+    Unlike `gsm8k_engine`, a test may kill this one: the next caller then gets a fresh engine.
+    The canary test and the killed-engine test share one start this way when both run.
+    """
+    from evals.fixtures.gsm8k_model import model_dir
+
+    profile = make_profile(
+        model_dir(), name="gsm8k-canaries", kernels={"variant": "fixed", "canaries": ["nan_kv_tail", "high_block_ids"]}
+    )
+    started: list[Engine] = []
+
+    def running() -> Engine:
+        if not started or started[-1].exit_code is not None or started[-1].stop_event.is_set():
+            folder = tmp_path_factory.mktemp("canary-engine")
+            started.append(Engine(profile, folder, base_env=offline_env, health_interval_s=0.5).start())
+        return started[-1]
+
+    yield running
+    for engine in started:
+        engine.stop()
+
+
 _running: list[pytest.Item] = []
 
 
