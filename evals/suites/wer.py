@@ -1,7 +1,8 @@
 """Whisper word error rate through vLLM's `/v1/audio/transcriptions`.
 
 Each clip goes to the server as a multipart upload, at most `concurrency` at a time, each
-retried on transport errors, 408, 429 and 5xx. References and hypotheses both pass through
+retried by the project's one rule (evals.retry: transport errors, 408, 429 and 5xx, after
+Retry-After where the server sends it). References and hypotheses both pass through
 Whisper's EnglishTextNormalizer (with Whisper's British-to-American spelling map), and the
 corpus WER is jiwer's over the normalised pairs. An empty transcript counts as all deletions
 and in `empty_response_rate`: an engine that answers 200 with no text must not look fine.
@@ -20,8 +21,9 @@ from typing import Any
 
 import httpx
 from pydantic import model_validator
+from tenacity import AsyncRetrying
 
-from evals import stats
+from evals import retry, stats
 from evals.suites.base import (
     MetricValue,
     Sample,
@@ -32,7 +34,6 @@ from evals.suites.base import (
     SuiteOutcome,
 )
 
-RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 BACKOFF_S = 0.5
 BACKOFF_CAP_S = 8.0
 
@@ -169,6 +170,27 @@ def score(utterance: Utterance, hypothesis: str, error: str | None = None) -> Sa
     )
 
 
+def word_marks(reference: str, hypothesis: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The normalised words of both sides, each with what jiwer's alignment made of it.
+
+    Marks are jiwer's chunk types: equal, substitute, delete (reference only), insert
+    (hypothesis only); so the samples page shows the very edits the S/D/I counts add up.
+    """
+    import jiwer
+
+    ref_norm, hyp_norm = normalize(reference), normalize(hypothesis)
+    if not ref_norm:
+        return [], []
+    aligned = jiwer.process_words(ref_norm, hyp_norm)
+    ref_words, hyp_words = aligned.references[0], aligned.hypotheses[0]
+    ref: list[tuple[str, str]] = []
+    hyp: list[tuple[str, str]] = []
+    for chunk in aligned.alignments[0]:
+        ref += [(word, chunk.type) for word in ref_words[chunk.ref_start_idx : chunk.ref_end_idx]]
+        hyp += [(word, chunk.type) for word in hyp_words[chunk.hyp_start_idx : chunk.hyp_end_idx]]
+    return ref, hyp
+
+
 def corpus_wer(samples: list[Sample]) -> float:
     """jiwer's corpus WER over the normalised pairs (edits summed over words summed)."""
     import jiwer
@@ -194,25 +216,30 @@ class _Transcriber:
             "temperature": str(self.config.temperature),
             "response_format": "json",
         }
-        error = ""
-        for attempt in range(self.config.max_retries + 1):
+        attempts = 0
+
+        async def send() -> httpx.Response:
+            nonlocal attempts
             if self.context.should_stop():
                 raise SuiteAborted("wer: the run was stopped")
-            if attempt:
-                await asyncio.sleep(min(BACKOFF_S * 2 ** (attempt - 1), BACKOFF_CAP_S))
-            try:
-                response = await self.client.post(
-                    self.url, data=form, files={"file": (utterance.filename, utterance.audio)}
-                )
-            except httpx.HTTPError as exc:
-                error = f"{type(exc).__name__}: {exc}"
-                continue
+            attempts += 1
+            return retry.check(
+                await self.client.post(self.url, data=form, files={"file": (utterance.filename, utterance.audio)})
+            )
+
+        try:
+            response: httpx.Response = await AsyncRetrying(
+                **retry.policy(self.config.max_retries + 1, BACKOFF_S, BACKOFF_CAP_S)
+            )(send)
+        except retry.RetryableStatus as exc:
+            error = str(exc)
+        except httpx.HTTPError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        else:
             if response.status_code == 200:
                 return _transcript(response)
             error = f"HTTP {response.status_code}: {response.text[:300]}"
-            if response.status_code not in RETRYABLE_STATUS:
-                break
-        return "", f"{utterance.key}: gave up after {attempt + 1} attempt(s): {error}"
+        return "", f"{utterance.key}: gave up after {attempts} attempt(s): {error}"
 
 
 def _transcript(response: httpx.Response) -> tuple[str, str | None]:

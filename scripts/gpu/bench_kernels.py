@@ -31,13 +31,14 @@ import triton.testing
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from kernels import LaunchConfig, decode_attention_fwd, unified_attention  # noqa: E402
-from kernels._launch import sm_count  # noqa: E402
+from kernels._launch import LaunchConfig, sm_count  # noqa: E402
+from kernels.decode_attention import decode_attention_fwd  # noqa: E402
 from kernels.reference import (  # noqa: E402
     decode_attention_reference,
     relative_error,
     unified_attention_reference,
 )
+from kernels.unified_attention import unified_attention  # noqa: E402
 
 DEVICE = "cuda"
 DTYPE = torch.bfloat16

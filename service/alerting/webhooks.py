@@ -1,7 +1,8 @@
-"""POST one JSON body to one webhook, retrying with exponential backoff.
+"""POST one JSON body to one webhook, retrying by the project's one rule (evals.retry).
 
-Connection errors, timeouts, 408, 429 and 5xx are worth another try; any other 4xx means
-the receiver refuses this message and retrying cannot help.
+Connection errors, timeouts, 408, 429 and 5xx are worth another try (after the receiver's
+Retry-After, if it sent one); any other 4xx means the receiver refuses this message and
+retrying cannot help.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+from tenacity import Retrying
+
+from evals import retry
 
 TIMEOUT_S = 10.0
-RETRYABLE_STATUS = frozenset({408, 429})
+BACKOFF_CAP_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -30,24 +34,40 @@ def describe(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
 
 
+class _Stopped(Exception):
+    """The service is stopping: no further try."""
+
+
 def post(
     url: str, body: dict[str, Any], *, attempts: int, backoff_s: float, stop: threading.Event | None = None
 ) -> Delivery:
-    """Try up to `attempts` times, waiting backoff_s, 2*backoff_s, ... between tries."""
+    """Try up to `attempts` times, waiting backoff_s, 2*backoff_s, ... (or Retry-After) between tries."""
     stop = stop or threading.Event()
-    detail = "not attempted"
+    tries, detail = 0, "not attempted"
+
+    def send(client: httpx.Client) -> httpx.Response:
+        nonlocal tries, detail
+        tries += 1
+        try:
+            response = client.post(url, json=body)
+        except httpx.HTTPError as exc:
+            detail = f"{type(exc).__name__}: {exc}"
+            raise
+        detail = f"HTTP {response.status_code}: {response.text[:200]}"
+        return retry.check(response)
+
+    def pause(seconds: float) -> None:
+        if stop.wait(seconds):
+            raise _Stopped
+
+    retrying = Retrying(**retry.policy(attempts, backoff_s, BACKOFF_CAP_S), sleep=pause)
     with httpx.Client(timeout=TIMEOUT_S, follow_redirects=False) as client:
-        for attempt in range(1, attempts + 1):
-            try:
-                response = client.post(url, json=body)
-            except httpx.HTTPError as exc:
-                detail = f"{type(exc).__name__}: {exc}"
-            else:
-                if response.is_success:
-                    return Delivery(True, attempt, f"HTTP {response.status_code}")
-                detail = f"HTTP {response.status_code}: {response.text[:200]}"
-                if response.status_code < 500 and response.status_code not in RETRYABLE_STATUS:
-                    return Delivery(False, attempt, detail)
-            if attempt < attempts and stop.wait(backoff_s * 2 ** (attempt - 1)):
-                return Delivery(False, attempt, f"{detail}; the service stopped before the next try")
-    return Delivery(False, attempts, detail)
+        try:
+            response = retrying(send, client)
+        except _Stopped:
+            return Delivery(False, tries, f"{detail}; the service stopped before the next try")
+        except (httpx.HTTPError, retry.RetryableStatus):
+            return Delivery(False, tries, detail)
+    if response.is_success:
+        return Delivery(True, tries, f"HTTP {response.status_code}")
+    return Delivery(False, tries, detail)

@@ -142,7 +142,15 @@ def samples_page(
     )
     count = next(c for c in sample_counts(session, run_id) if (c.arm, c.suite) == (arm, suite))
     chosen = {"suite": suite, "arm": arm, "wrong_only": wrong_only, "q": q}
-    return page(request, "samples.html", caller, run=run, stored=stored, listing=listing, chosen=chosen, count=count)
+    marks = {}
+    if count.ref_words:  # a WER suite: mark each utterance's substituted, deleted and inserted words
+        from evals.suites.wer import word_marks
+
+        marks = {s.key: word_marks(s.target, s.response) for s in listing.items}
+    return page(
+        request, "samples.html", caller, run=run, stored=stored, listing=listing, chosen=chosen, count=count,
+        marks=marks,
+    )  # fmt: skip
 
 
 @router.get("/compare", response_class=HTMLResponse)

@@ -61,7 +61,10 @@ class Base(DeclarativeBase):
 class Run(Base):
     __tablename__ = "runs"
     __table_args__ = (
-        Index("ix_runs_labels", "labels", postgresql_using="gin", postgresql_ops={"labels": "jsonb_path_ops"}),
+        # Label containment filters use it; SQLite has no GIN (migration 0003 builds it on PostgreSQL only).
+        Index(
+            "ix_runs_labels", "labels", postgresql_using="gin", postgresql_ops={"labels": "jsonb_path_ops"}
+        ).ddl_if(dialect="postgresql"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -16,6 +16,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import psutil
+
 _POLL_S = 0.2
 _AFTER_KILL_WAIT_S = 10.0
 
@@ -38,23 +40,17 @@ def start_group(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> 
 
 
 def group_members(pgid: int) -> list[int]:
-    """Pids of live processes in group `pgid`, read from /proc.
+    """Pids of live processes in group `pgid`.
 
     Zombies are left out: they hold no memory and cannot be signalled, and where PID 1 does
     not reap orphans (some containers) they would otherwise count as alive forever.
     """
     members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # the process ended while we looked
-            continue
-        # Fields after the command name, which is in parentheses and may contain spaces.
-        state, _ppid, pgrp = stat[stat.rindex(")") + 2 :].split()[:3]
-        if int(pgrp) == pgid and state != "Z":
-            members.append(int(entry.name))
+    for process in psutil.process_iter():
+        # The process may end while we look; then it is no member.
+        with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
+                members.append(process.pid)
     return members
 
 

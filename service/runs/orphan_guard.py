@@ -18,38 +18,41 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from types import TracebackType
+
+import psutil
 
 from service.engine.process_group import group_members
 
 POLL_S = 0.5
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """/proc/<pid>/stat after the command name (state is [0], ppid [1], pgrp [2], start time [19])."""
+def _process(pid: int) -> psutil.Process | None:
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
         return None
-    return stat[stat.rindex(")") + 2 :].split()
 
 
-def _alive(pid: int, start_time: str) -> bool:
-    """The process is still the one we watch: same start time (pids get reused), not a zombie."""
-    fields = _stat_fields(pid)
-    return fields is not None and fields[19] == start_time and fields[0] != "Z"
+def _alive(process: psutil.Process) -> bool:
+    """The process is still the one we watch (psutil compares start times: pids get reused), not a zombie."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def groups_led_by_children(parent: int) -> set[int]:
     """Process groups whose leader is a child of `parent`: the engines it started."""
+    found = _process(parent)
+    if found is None:
+        return set()
     groups = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        fields = _stat_fields(int(entry.name))
-        if fields is not None and int(fields[1]) == parent and int(fields[2]) == int(entry.name):
-            groups.add(int(entry.name))
+    with contextlib.suppress(psutil.NoSuchProcess):
+        for child in found.children():
+            with contextlib.suppress(ProcessLookupError):
+                if os.getpgid(child.pid) == child.pid:
+                    groups.add(child.pid)
     return groups
 
 
@@ -58,13 +61,12 @@ def watch(parent: int, poll_s: float = POLL_S) -> set[int]:
 
     Prints `ready` once it watches, so that the parent starts no engine before that.
     """
-    fields = _stat_fields(parent)
-    if fields is None:
+    watched = _process(parent)
+    if watched is None:
         return set()
-    start_time = fields[19]
     groups: set[int] = set()
     print("ready", flush=True)
-    while _alive(parent, start_time):
+    while _alive(watched):
         started = groups_led_by_children(parent) - {os.getpid()}
         groups = {group for group in groups | started if group_members(group)}
         time.sleep(poll_s)

@@ -8,9 +8,9 @@ the same run twice.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
+import psutil
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -87,7 +87,7 @@ def _owner_gone(run: Run, host: str, stale_after_s: float) -> bool:
     """A worker on this host whose process is gone, or any worker silent for too long."""
     owner_host, _, rest = (run.worker_id or "").partition(":")
     pid = rest.partition(":")[0]
-    if owner_host == host and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+    if owner_host == host and pid.isdigit() and not psutil.pid_exists(int(pid)):
         return True
     if run.heartbeat_at is None:
         return True

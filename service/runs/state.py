@@ -2,15 +2,18 @@
 
 queued -> starting_engine -> running -> scoring -> passed | failed, plus error (the harness
 or engine broke), cancelled, and interrupted (the service died; re-queued on restart).
+The client reads `Status` and `FINAL` too, so the database layer is imported only to move a run.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
-from sqlalchemy.orm import Session
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
-from service.db.models import Run, RunEvent, utcnow
+    from service.db.models import Run
 
 
 class Status(StrEnum):
@@ -47,6 +50,8 @@ class InvalidTransition(RuntimeError):
 
 def transition(session: Session, run: Run, new: Status, message: str = "") -> None:
     """Move `run` to `new` if the machine allows it, stamping times and an event row."""
+    from service.db.models import RunEvent, utcnow
+
     old = Status(run.status)
     if new not in ALLOWED[old]:
         raise InvalidTransition(f"run {run.id}: {old} -> {new} is not allowed")

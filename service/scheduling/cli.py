@@ -1,4 +1,8 @@
-"""`kvcanary schedules list|enable|disable|fire-now`, straight against the configured database."""
+"""`kvcanary schedules list|enable|disable|fire-now`, straight against the configured database.
+
+The database layer is imported inside the commands: the client's `kvcanary --help` lists them
+without the server's packages installed.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +11,20 @@ from datetime import datetime
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from service.db.migrate import upgrade
-from service.db.models import utcnow
-from service.db.session import session_scope
 from service.profiles import ProfileError, load_profiles
-from service.scheduling import schedules
-from service.scheduling.schemas import ScheduleUpdate
+from service.report import cli_console
 from service.settings import get_settings
 
 app = typer.Typer(help="Nightly schedules", no_args_is_help=True)
-console = Console()
+console = cli_console()
 EXIT_QUEUED, EXIT_SKIPPED, EXIT_ERROR = 0, 1, 2
 
 
 def _db() -> str:
+    from service.db.migrate import upgrade
+
     url = get_settings().resolved_database_url()
     upgrade(url)
     return url
@@ -36,6 +37,9 @@ def _when(value: datetime | None) -> str:
 @app.command("list")
 def list_() -> None:
     """Every schedule with its next and last fire and what the last fire did."""
+    from service.db.session import session_scope
+    from service.scheduling import schedules
+
     with session_scope(_db()) as session:
         rows = schedules.list_schedules(session)
     table = Table("name", "profile", "cron", "zone", "enabled", "next fire", "last fire", "source")
@@ -56,6 +60,10 @@ def list_() -> None:
 
 
 def _set_enabled(name: str, enabled: bool) -> None:
+    from service.db.session import session_scope
+    from service.scheduling import schedules
+    from service.scheduling.schemas import ScheduleUpdate
+
     settings = get_settings()
     try:
         profiles = load_profiles(settings.profiles_dir)
@@ -86,6 +94,10 @@ def fire_now(
     by: Annotated[str, typer.Option(help="Recorded as who triggered the run")] = os.environ.get("USER", "cli"),
 ) -> None:
     """Fire a schedule at this second, as its cron would. Exit 0 queued, 1 skipped (reason printed), 2 error."""
+    from service.db.models import utcnow
+    from service.db.session import session_scope
+    from service.scheduling import schedules
+
     settings = get_settings()
     url = _db()
     try:

@@ -22,17 +22,24 @@ MIN_PAUSE_S = 0.01
 
 
 class Scheduler:
-    def __init__(self, settings: Settings, profiles: dict[str, Profile]) -> None:
+    """`clock` says what time it is; tests pass one they move, and call `sync` and `tick` themselves."""
+
+    def __init__(self, settings: Settings, profiles: dict[str, Profile], clock: schedules.Clock = utcnow) -> None:
         self.settings = settings
         self.profiles = profiles
+        self.clock = clock
         self.url = settings.resolved_database_url()
         self.process = f"{socket.gethostname()}:{os.getpid()}"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kvcanary-scheduler", daemon=True)
 
+    def sync(self) -> None:
+        """Bring the schedule rows in line with the profiles' schedule blocks."""
+        schedules.sync_from_profiles(self.url, self.profiles, self.settings.nightly, self.clock)
+
     def start(self) -> None:
         """Sync the profiles' schedule blocks (errors surface here, at service start), then tick."""
-        schedules.sync_from_profiles(self.url, self.profiles, self.settings.nightly)
+        self.sync()
         self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -40,7 +47,7 @@ class Scheduler:
         self._thread.join(timeout_s)
 
     def tick(self) -> list[schedules.Fired]:
-        fired = schedules.fire_due(self.url, self.profiles, f"schedule ({self.process})")
+        fired = schedules.fire_due(self.url, self.profiles, f"schedule ({self.process})", self.clock)
         for f in fired:
             if f.run_id is not None:
                 log.info("schedule %s fired for %s: run %d queued", f.schedule, f.fire_time.isoformat(), f.run_id)
@@ -57,7 +64,7 @@ class Scheduler:
         upcoming = schedules.earliest_next_fire(self.url)
         if upcoming is None:
             return tick
-        return min(tick, max(MIN_PAUSE_S, (upcoming - utcnow()).total_seconds()))
+        return min(tick, max(MIN_PAUSE_S, (upcoming - self.clock()).total_seconds()))
 
     def _loop(self) -> None:
         while not self._stop.is_set():

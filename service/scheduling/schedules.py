@@ -13,6 +13,7 @@ race to that constraint queues nothing.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -34,6 +35,9 @@ TRIGGER = "nightly"
 RECENT_FIRES = 5
 # A nightly run in any of these states blocks the next fire of its profile's schedules.
 UNFINISHED = frozenset({Status.QUEUED, Status.INTERRUPTED, *ACTIVE})
+
+# What "now" is for firing: the wall clock in the service, a clock the test moves in tests.
+Clock = Callable[[], datetime]
 
 
 class ScheduleError(ValueError):
@@ -68,14 +72,14 @@ def _sync_one(session: Session, name: str, spec: ScheduleSpec, nightly: bool, no
         row.next_fire_at = _next_fire(row, now)
 
 
-def sync_from_profiles(url: str, profiles: dict[str, Profile], nightly: bool) -> None:
+def sync_from_profiles(url: str, profiles: dict[str, Profile], nightly: bool, clock: Clock = utcnow) -> None:
     """Bring profile-defined schedules in line with the profiles; overridden rows are left alone.
 
     `next_fire_at` is kept while cron, zone and enabled are unchanged, so a fire missed while
     the service was down is still due at the next start (and is fired once). Each schedule is
     its own transaction: two processes starting together both create it, and one insert loses.
     """
-    now = utcnow()
+    now = clock()
     scheduled = {name: p.schedule for name, p in profiles.items() if p.schedule is not None}
     for name, spec in scheduled.items():
         try:
@@ -162,7 +166,12 @@ def _blocker(session: Session, schedule: Schedule, profiles: dict[str, Profile])
 
 
 def fire(
-    url: str, schedule_id: int, fire_time: datetime, profiles: dict[str, Profile], triggered_by: str
+    url: str,
+    schedule_id: int,
+    fire_time: datetime,
+    profiles: dict[str, Profile],
+    triggered_by: str,
+    clock: Clock = utcnow,
 ) -> Fired | None:
     """Record the fire, then queue its run or the reason it queued none, in one transaction.
 
@@ -190,19 +199,19 @@ def fire(
                 )
                 record.run_id = run.id
             schedule.last_fire_at = max(fire_time, schedule.last_fire_at or fire_time)
-            schedule.next_fire_at = _next_fire(schedule, utcnow())
+            schedule.next_fire_at = _next_fire(schedule, clock())
             return Fired(schedule.name, fire_time, record.run_id, record.skipped_reason)
     except IntegrityError:
-        _move_past(url, schedule_id, fire_time)
+        _move_past(url, schedule_id, fire_time, clock())
         return None
 
 
-def _move_past(url: str, schedule_id: int, fire_time: datetime) -> None:
+def _move_past(url: str, schedule_id: int, fire_time: datetime, now: datetime) -> None:
     """The fire was taken; make sure this schedule's next fire lies beyond it, whoever took it."""
     with session_scope(url) as session:
         schedule = session.get(Schedule, schedule_id)
         if schedule is not None and schedule.next_fire_at is not None and schedule.next_fire_at <= fire_time:
-            schedule.next_fire_at = _next_fire(schedule, max(fire_time, utcnow()))
+            schedule.next_fire_at = _next_fire(schedule, max(fire_time, now))
 
 
 def earliest_next_fire(url: str) -> datetime | None:
@@ -211,13 +220,13 @@ def earliest_next_fire(url: str) -> datetime | None:
         return session.scalar(select(func.min(Schedule.next_fire_at)).where(Schedule.enabled.is_(True)))
 
 
-def fire_due(url: str, profiles: dict[str, Profile], triggered_by: str) -> list[Fired]:
+def fire_due(url: str, profiles: dict[str, Profile], triggered_by: str, clock: Clock = utcnow) -> list[Fired]:
     """Fire every enabled schedule whose next fire time has passed, once, at its latest due time.
 
     After downtime that spanned several fire times only the latest is fired: a nightly
     evaluation owes one fresh verdict, not a backlog of identical runs.
     """
-    now = utcnow()
+    now = clock()
     with session_scope(url) as session:
         due = session.execute(
             select(Schedule.id, Schedule.cron, Schedule.timezone).where(
@@ -226,7 +235,7 @@ def fire_due(url: str, profiles: dict[str, Profile], triggered_by: str) -> list[
         ).all()
     fired = []
     for schedule_id, expression, timezone in due:
-        outcome = fire(url, schedule_id, cron.latest_due(expression, timezone, now), profiles, triggered_by)
+        outcome = fire(url, schedule_id, cron.latest_due(expression, timezone, now), profiles, triggered_by, clock)
         if outcome is not None:
             fired.append(outcome)
     return fired

@@ -62,6 +62,10 @@ def test_run_page_shows_verdict_engine_facts_and_links(page: Page, dashboard: Da
     assert "McNemar" in explanation, "the reference run makes this a paired judgement"
     expect(strict.locator(".explanation")).to_have_text(explanation)
     expect(page.locator(".engine")).to_contain_text("NVIDIA GB200")
+    served = page.locator(".engine .served-model").first
+    expect(served).to_contain_text("/models/gsm8k-tiny")
+    expect(served).to_contain_text("max_model_len 2048")
+    expect(served).not_to_contain_text("permission")  # fields, not the answer's dict
     expect(page.locator(".receipt").first).to_contain_text("kernels.unified_attention.unified_attention")
     expect(page.locator("#timings")).to_contain_text("fixed.engine_start_s")
     expect(page.locator("#log-tail")).to_contain_text("1319 requests done")
@@ -206,9 +210,19 @@ def test_samples_wrong_first_search_and_paging(page: Page, dashboard: Dashboard)
     page.get_by_role("link", name="Next ›").first.click()
     expect(page.locator("[data-range]").first).to_have_text("51–100 of 200 samples")
 
+    headers = page.locator("#samples thead th").all_inner_texts()
+    assert headers.index("Extracted") == headers.index("Target") + 1, "the extracted answer sits beside the target"
+
     page.goto(f"/runs/{s.wer_candidate}/samples")
-    expect(page.locator("#samples tbody tr").first).to_have_attribute("data-key", WORSE_UTTERANCE)
+    worst = page.locator("#samples tbody tr").first
+    expect(worst).to_have_attribute("data-key", WORSE_UTTERANCE)
     expect(page.locator("#samples thead")).to_contain_text("S")
+    # The seed's worst utterance has its first six words replaced by "mistake": six substitutions.
+    substituted = worst.locator(".aligned.reference .w.substitute")
+    expect(substituted).to_have_text(["the", "quick", "brown", "fox", "jumps", "over"])
+    expect(worst.locator(".aligned.hypothesis .w.substitute")).to_have_count(6)
+    expect(worst.locator(".aligned.hypothesis .w.equal")).to_have_count(6)
+    expect(worst.locator(".aligned .w.delete, .aligned .w.insert")).to_have_count(0)
 
 
 def test_login_form_when_reads_need_a_token(page: Page, tmp_path: Path, shoot: Shoot) -> None:

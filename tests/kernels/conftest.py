@@ -2,7 +2,7 @@
 
 Triton decides at decoration time whether a function is compiled or interpreted, and that
 includes its own library functions (``tl.max``, ``tl.cdiv``...), decorated when triton is
-first imported: often before this conftest runs (the service's imports reach ``kernels``).
+first imported: often before this conftest runs (vLLM's imports reach it).
 On a host without CUDA this conftest therefore (re)imports the kernel modules with
 ``TRITON_INTERPRET=1``, and while a kernel test runs it sets the variable (Triton reads it
 again at the first launch) and swaps Triton's compiled library functions for interpreted
@@ -39,7 +39,8 @@ def _import_kernels_interpreted() -> None:
         if not isinstance(_unified_attention_kernel, InterpretedFunction):
             for name in _KERNEL_MODULES:
                 sys.modules.pop(name, None)
-            importlib.reload(sys.modules["kernels"])
+        for name in _KERNEL_MODULES:
+            importlib.import_module(name)
     finally:
         if previous is None:
             del os.environ["TRITON_INTERPRET"]

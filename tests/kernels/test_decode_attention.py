@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import LaunchConfig, decode_attention_fwd
+from kernels._launch import LaunchConfig
+from kernels.decode_attention import decode_attention_fwd
 from kernels.reference import decode_attention_reference, relative_error
 from tests.kernels.conftest import (
     DEVICE,
@@ -26,7 +27,7 @@ from tests.kernels.conftest import (
     shuffled_pages,
 )
 
-pytestmark = pytest.mark.usefixtures("kernel_runtime")
+pytestmark = [pytest.mark.usefixtures("kernel_runtime"), pytest.mark.slow]
 needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (a GPU host runs scripts/gpu/kernel_tests.sh)")
 
 # Kimi-Linear's MLA cache: 480-token pages of 576-wide latents, 276,480 elements a page, so

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from kernels import LaunchConfig, unified_attention
+from kernels._launch import LaunchConfig
 from kernels.reference import relative_error, unified_attention_reference
+from kernels.unified_attention import unified_attention
 from tests.kernels.conftest import (
     DEVICE,
     ON_GPU,
@@ -26,7 +27,7 @@ from tests.kernels.conftest import (
 )
 
 DTYPES = [torch.float16, torch.bfloat16] if ON_GPU else [torch.float16]  # the interpreter's bf16 dot is wrong
-pytestmark = pytest.mark.usefixtures("kernel_runtime")
+pytestmark = [pytest.mark.usefixtures("kernel_runtime"), pytest.mark.slow]
 needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (a GPU host runs scripts/gpu/kernel_tests.sh)")
 
 

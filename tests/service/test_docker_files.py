@@ -152,6 +152,7 @@ def test_compose_file_is_valid_and_its_references_hold() -> None:
     compose_spec.PyCompose.from_yaml(yaml.safe_dump(spec)).validate()
 
 
+@pytest.mark.slow
 def test_the_image_install_gives_vllm_the_plugin(tmp_path: Path) -> None:
     """The GPU image's install, minus the base image: same sources, a wheel, a fresh environment.
 

@@ -22,6 +22,7 @@ from service.engine.health import HealthWatch
 from service.engine.launcher import read_tail
 from service.engine.process_group import start_group, stop_group
 from service.profiles import Profile
+from tests.conftest import CanaryEngine
 
 MakeProfile = Callable[..., Profile]
 
@@ -29,7 +30,7 @@ PYTHON = "/opt/py/bin/python"
 
 
 def live_group_members(pgid: int) -> list[psutil.Process]:
-    """Independent of the launcher's own /proc reader: what psutil sees alive in the group."""
+    """What psutil sees alive in the group, asked here rather than through the launcher."""
     alive = []
     for process in psutil.process_iter():
         try:
@@ -284,18 +285,14 @@ def test_bad_model_path_fails_fast_with_the_cause(
 
 
 @pytest.mark.engine
-def test_killed_engine_raises_the_stop_flag_and_stop_leaves_no_process(
-    make_profile: MakeProfile, offline_env: dict[str, str], tmp_path: Path
-) -> None:
-    from evals.fixtures.gsm8k_model import model_dir
-
-    engine = Engine(make_profile(model_dir()), tmp_path, base_env=offline_env, health_interval_s=0.5)
-    with engine:
-        helpers = [p for p in live_group_members(engine.pid) if p.pid != engine.pid]
-        assert helpers, "vLLM's engine core should run as a child in the server's process group"
-        os.kill(engine.pid, signal.SIGKILL)
-        assert engine.stop_event.wait(30), "the health watch did not notice the dead server"
-        assert engine.stop_cause == f"engine process {engine.pid} was killed by SIGKILL (exit code -9)"
+def test_killed_engine_raises_the_stop_flag_and_stop_leaves_no_process(canary_engine: CanaryEngine) -> None:
+    engine = canary_engine()  # the canary test's engine, if it ran: this test ends it
+    helpers = [p for p in live_group_members(engine.pid) if p.pid != engine.pid]
+    assert helpers, "vLLM's engine core should run as a child in the server's process group"
+    os.kill(engine.pid, signal.SIGKILL)
+    assert engine.stop_event.wait(30), "the health watch did not notice the dead server"
+    assert engine.stop_cause == f"engine process {engine.pid} was killed by SIGKILL (exit code -9)"
+    engine.stop()
     assert engine.exit_code == -signal.SIGKILL
     assert live_group_members(engine.pid) == []
     assert all(not helper.is_running() or helper.status() == psutil.STATUS_ZOMBIE for helper in helpers)

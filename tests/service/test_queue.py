@@ -64,6 +64,7 @@ def _claim_many(url: str, worker: str, out: multiprocessing.Queue[list[int]]) ->
     out.put(claimed)
 
 
+@pytest.mark.slow
 def test_four_processes_claim_each_run_exactly_once(db: str) -> None:
     ids = _enqueue(db, 40)
     spawn = multiprocessing.get_context("spawn")  # fresh processes, as separate services would be

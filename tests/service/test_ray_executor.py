@@ -343,6 +343,7 @@ def _cpu_free() -> bool:
 
 
 @pytest.mark.postgres
+@pytest.mark.slow
 def test_a_run_no_node_can_take_waits_and_its_replica_hands_it_back(
     replicas: Callable[..., Replicas], cluster: RayCluster
 ) -> None:

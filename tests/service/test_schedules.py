@@ -1,10 +1,10 @@
-"""Schedules fired by real `kvcanary serve` processes on one real database, on the real clock.
+"""Schedules on one real database: fired by schedulers on a clock the test moves, and by `kvcanary serve`.
 
-The services run with the worker off, so queued runs stay queued (no engine is started);
-where a test needs the previous nightly run out of the way it cancels it through the state
-machine, as a finished worker would have ended it. Schedules here fire every 5 seconds (a
-sixth, seconds field in the cron expression) and the scheduler ticks twice a second, so a
-test sees many fires in half a minute instead of one a minute.
+Schedulers here tick on a `ManualClock`, so a test walks through half a minute of fires in
+well under a second of real time; the services run with the worker off, so queued runs stay
+queued (no engine is started). Where a test needs the previous nightly run out of the way it
+cancels it through the state machine, as a finished worker would have ended it. Schedules here
+fire every 5 seconds (a sixth, seconds field in the cron expression).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import itertools
 import multiprocessing
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -31,8 +30,9 @@ from service.db.session import session_scope
 from service.profiles import ProfileError, load_profiles
 from service.runs.state import Status, transition
 from service.scheduling import cron, schedules
+from service.scheduling.loop import Scheduler
 from service.scheduling.schemas import ScheduleUpdate
-from service.settings import PACKAGED_PROFILES, get_settings
+from service.settings import PACKAGED_PROFILES, Settings, get_settings
 from tests.service.conftest import StartService
 
 PROFILE = "nightly-fixture"
@@ -85,33 +85,52 @@ def cancel_queued(url: str) -> None:
             transition(session, run, Status.CANCELLED, "test: ended so the next fire may queue")
 
 
-@pytest.fixture
-def finisher(database_url: str) -> Iterator[None]:
-    """Ends every queued run within 0.3 s, standing in for a worker that finished it."""
-    done = threading.Event()
+class ManualClock:
+    """A clock that stands still until the test moves it: the schedulers' `now`."""
 
-    def loop() -> None:
-        while not done.wait(0.3):
-            cancel_queued(database_url)
+    def __init__(self, start: datetime) -> None:
+        self.now = start
 
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    yield
-    done.set()
-    thread.join(5)
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
 
 
-def test_two_services_fire_every_due_time_exactly_once(
-    start_service: StartService, database_url: str, tmp_path: Path, finisher: None
-) -> None:
-    env = service_env(database_url, write_profile(tmp_path / "profiles"))
-    start_service(data_dir=tmp_path / "a", **env)
-    start_service(data_dir=tmp_path / "b", **env)
-    time.sleep(26)
+# A few seconds past a fire time, as a service started at any moment would be.
+START = datetime(2030, 1, 1, 2, 0, 1, 300_000, tzinfo=UTC)
+
+
+def scheduler(database_url: str, profiles_dir: Path, clock: ManualClock) -> Scheduler:
+    """A service's scheduler on `clock`, its profile blocks synced as at service start."""
+    settings = Settings(database_url=database_url, profiles_dir=profiles_dir, nightly=True)
+    started = Scheduler(settings, load_profiles(profiles_dir), clock)
+    started.sync()
+    return started
+
+
+def tick_together(schedulers: list[Scheduler]) -> None:
+    """Every scheduler ticks at once, in its own thread, as separate services race on one database."""
+    threads = [threading.Thread(target=s.tick) for s in schedulers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+
+def test_two_schedulers_fire_every_due_time_exactly_once(database_url: str, tmp_path: Path) -> None:
+    profiles_dir = write_profile(tmp_path / "profiles")
+    clock = ManualClock(START)
+    services = [scheduler(database_url, profiles_dir, clock) for _ in range(2)]
+    for _ in range(60):  # half a minute in half-second ticks
+        clock.advance(0.5)
+        tick_together(services)
+        cancel_queued(database_url)  # a worker finished the run, so the next fire may queue
 
     seen = fires(database_url)
     times = [f.fire_time for f in seen]
-    assert len(times) >= 6, times
+    assert len(times) == 6, times
     assert all(b - a == PERIOD for a, b in itertools.pairwise(times)), f"a fire missed or doubled: {times}"
     assert [f.skipped_reason for f in seen if f.skipped_reason] == []
     runs = nightly_runs(database_url)
@@ -120,35 +139,48 @@ def test_two_services_fire_every_due_time_exactly_once(
 
 
 def test_catch_up_after_downtime_queues_one_run_and_later_fires_wait_for_it(
-    start_service: StartService, database_url: str, tmp_path: Path
+    database_url: str, tmp_path: Path
 ) -> None:
-    env = service_env(database_url, write_profile(tmp_path / "profiles"))
-    service = start_service(data_dir=tmp_path / "a", **env)
-    deadline = time.monotonic() + 30
-    while not fires(database_url) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    service.stop()
+    profiles_dir = write_profile(tmp_path / "profiles")
+    clock = ManualClock(START)
+    first = scheduler(database_url, profiles_dir, clock)
+    clock.advance(4)
+    [fired] = first.tick()
+    assert fired.run_id is not None, fired.skipped_reason
     cancel_queued(database_url)
-    before = fires(database_url)
     runs_before = len(nightly_runs(database_url))
-    last_before = before[-1].fire_time
+    last_before = fires(database_url)[-1].fire_time
 
-    time.sleep(17)  # at least three fire times pass while no service runs
-    restarted_at = datetime.now(UTC)
-    service.start()
-    time.sleep(7)  # one more regular fire after the catch-up
-    service.stop()
+    clock.advance(17)  # three fire times pass while no service runs
+    restarted = scheduler(database_url, profiles_dir, clock)  # the service starts again
+    restarted_at = clock()
+    restarted.tick()
+    for _ in range(14):  # one more regular fire after the catch-up
+        clock.advance(0.5)
+        restarted.tick()
 
     after = [f for f in fires(database_url) if f.fire_time > last_before]
     catch_up, later = after[0], after[1:]
     assert catch_up.run_id is not None, catch_up.skipped_reason
     assert catch_up.fire_time - last_before >= 3 * PERIOD  # the missed times were not fired one by one ...
-    assert catch_up.fire_time >= cron.latest_due(EVERY_5_S, "UTC", restarted_at)  # ... only the latest was
+    assert catch_up.fire_time == cron.latest_due(EVERY_5_S, "UTC", restarted_at)  # ... only the latest was
     assert len(nightly_runs(database_url)) == runs_before + 1
-    assert later, "the restarted service made no regular fire"
+    assert later, "the restarted scheduler made no regular fire"
     for fire in later:
         assert fire.run_id is None
         assert f"nightly run {catch_up.run_id} of {PROFILE} is still queued" in fire.skipped_reason
+
+
+def test_serve_runs_the_scheduler_on_the_wall_clock(
+    start_service: StartService, database_url: str, tmp_path: Path
+) -> None:
+    env = service_env(database_url, write_profile(tmp_path / "profiles", "* * * * * *"))  # every second
+    start_service(**env)
+    deadline = time.monotonic() + 30
+    while not fires(database_url) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    [first, *_] = fires(database_url)
+    assert first.run_id is not None, first.skipped_reason
 
 
 def _race(url: str, profiles_dir: str, fire_time: datetime, barrier: Any, out: Any) -> None:
@@ -160,6 +192,7 @@ def _race(url: str, profiles_dir: str, fire_time: datetime, barrier: Any, out: A
     out.put(None if fired is None else fired.run_id)
 
 
+@pytest.mark.slow
 def test_processes_racing_for_one_fire_queue_one_run(database_url: str, tmp_path: Path) -> None:
     profiles_dir = write_profile(tmp_path / "profiles")
     schedules.sync_from_profiles(database_url, load_profiles(profiles_dir), nightly=True)
@@ -269,7 +302,8 @@ def test_cli_lists_enables_disables_and_fires_now(
         assert first.exit_code == 0, first.output
         [run] = nightly_runs(database_url)
         assert f"run {run.id} queued" in first.output and run.triggered_by == "fire-now by release-manager"
-        time.sleep(1.1)  # the next second: a different fire time
+        later = datetime.now(UTC) + timedelta(seconds=2)  # the next fire-now is at a different second
+        monkeypatch.setattr("service.db.models.utcnow", lambda: later)
         second = cli.invoke(app, ["schedules", "fire-now", PROFILE])
         assert second.exit_code == 1 and f"nightly run {run.id}" in second.output
         missing = cli.invoke(app, ["schedules", "enable", "no-such-schedule"])

@@ -1,0 +1,78 @@
+"""One retry rule for every HTTP call kvcanary repeats: the WER suite's transcription requests
+and the alert webhooks.
+
+Worth another try: a transport error (refused or reset connection, a timeout), 408, 429 and
+any 5xx; any other status is the receiver's final answer. A `Retry-After` header (seconds or
+an HTTP date) sets the wait before the next try, up to `MAX_RETRY_AFTER_S`; otherwise the
+waits grow exponentially from `base_s` up to `cap_s`. tenacity runs the loop.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import httpx
+from tenacity import RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+RETRY_STATUS = frozenset({408, 429})
+MAX_RETRY_AFTER_S = 120.0
+
+
+class RetryableStatus(Exception):
+    """A response worth another try; `check` raises it so that tenacity sees a failed attempt."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        super().__init__(f"HTTP {response.status_code}: {response.text[:300]}")
+
+
+def check(response: httpx.Response) -> httpx.Response:
+    """Raise RetryableStatus for 408, 429 and 5xx; return any other response as it is."""
+    if response.status_code in RETRY_STATUS or response.status_code >= 500:
+        raise RetryableStatus(response)
+    return response
+
+
+def retry_after_s(response: httpx.Response) -> float | None:
+    """The wait a `Retry-After` header asks for, in seconds; None without a readable one."""
+    value = response.headers.get("retry-after", "").strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds()
+        except (TypeError, ValueError):
+            return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+
+
+class _Wait:
+    """The server's `Retry-After` where it gave one, else exponential backoff."""
+
+    def __init__(self, base_s: float, cap_s: float) -> None:
+        self.backoff = wait_exponential(multiplier=base_s, max=cap_s)
+
+    def __call__(self, state: RetryCallState) -> float:
+        failure = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(failure, RetryableStatus):
+            asked = retry_after_s(failure.response)
+            if asked is not None:
+                return asked
+        return float(self.backoff(state))
+
+
+def policy(attempts: int, base_s: float, cap_s: float) -> dict[str, Any]:
+    """Keyword arguments for tenacity's `Retrying`/`AsyncRetrying`: at most `attempts` tries.
+
+    The last failure is raised as it is (an httpx error or RetryableStatus), not as RetryError.
+    """
+    return {
+        "stop": stop_after_attempt(attempts),
+        "retry": retry_if_exception_type((httpx.TransportError, RetryableStatus)),
+        "wait": _Wait(base_s, cap_s),
+        "reraise": True,
+    }

@@ -1,0 +1,53 @@
+"""The CLI's result table as a CI log shows it: stdout is a file there, and nothing may be cut."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from service.report import cli_console, print_run
+from service.schemas import RunDetail
+
+METRIC = "exact_match,strict-match-then-flexible-extract-fallback"  # a long name: the row is over 150 wide
+
+
+def _run() -> RunDetail:
+    metric = {
+        "arm": "candidate-legacy-kernels", "suite": "gsm8k", "metric": METRIC, "value": 0.123456, "n": 1319,
+        "stderr": 0.01, "ci_low": 0.101234, "ci_high": 0.145678, "direction": "higher_is_better",
+        "empty_response_rate": 0.0, "baseline": 0.654321, "threshold": 0.612345, "verdict": "fail",
+        "explanation": "below the threshold",
+    }  # fmt: skip
+    return RunDetail.model_validate({
+        "id": 7, "profile": "kimi-linear-48b-a3b", "status": "failed", "verdict": "fail", "trigger": "api",
+        "triggered_by": "ci", "labels": {}, "variants": [], "attempt": 1, "created_at": datetime.now(UTC),
+        "started_at": None, "finished_at": None, "duration_s": None,
+        "progress": {"done": 0, "total": 0, "phase": "", "eta_s": None},
+        "verdict_summary": "", "error": "", "max_attempts": 1, "overrides": {}, "engine": {}, "timings": {},
+        "metrics": [{**metric, "details": {}}], "log_tail": "", "links": {},
+    })  # fmt: skip
+
+
+def test_a_table_printed_to_a_file_keeps_every_column_whole(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    print_run(_run(), cli_console())
+    out = capsys.readouterr().out
+    assert "…" not in out, out
+    [header] = [line for line in out.splitlines() if "baseline" in line]
+    assert all(name in header for name in ("95% CI", "baseline", "threshold", "verdict")), header
+    [row] = [line for line in out.splitlines() if METRIC in line and "│" in line]
+    assert len(row) > 150, row  # wider than any fixed width a console might fall back to
+    for number in ("0.1235", "0.1012..0.1457", "1319", "0.6543", "0.6123", "fail"):
+        assert number in row, row
+
+
+def test_a_terminal_width_is_still_honoured(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$COLUMNS (a terminal's width) wins; there the table folds to fit, as rich does it."""
+    monkeypatch.setenv("COLUMNS", "60")
+    print_run(_run(), cli_console())
+    assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 60
