@@ -30,6 +30,7 @@ ENGINE_PACKAGES = ("torch", "triton", "vllm", "lm_eval", "transformers")
 # Engine-side modules: they build fixture models or load inside vLLM, never in the service.
 ENGINE_SIDE = {
     "evals.fixtures.degraded",
+    "evals.fixtures.gsm8k_mla_model",
     "evals.fixtures.gsm8k_model",
     "evals.fixtures.whisper_en_model",
     "service.__main__",  # runs the CLI on import
