@@ -14,7 +14,7 @@ from urllib.parse import parse_qs, quote
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from service.api.deps import ANONYMOUS, Caller, SessionDep, SettingsDep, require
+from service.api.deps import ANONYMOUS, Caller, SessionDep, SettingsDep, caller_for, token_from_request
 from service.auth import Role, lookup
 from service.dashboard.render import page
 
@@ -23,7 +23,6 @@ COOKIE_MAX_AGE_S = 30 * 24 * 3600
 MAX_FORM_BYTES = 4096
 
 router = APIRouter(include_in_schema=False)
-_viewer = require(Role.VIEWER)
 
 
 class LoginRequired(Exception):
@@ -35,10 +34,10 @@ class LoginRequired(Exception):
         self.reason = reason
 
 
-def page_caller(request: Request, settings: SettingsDep, session: SessionDep) -> Caller:
+def page_caller(request: Request, settings: SettingsDep) -> Caller:
     """The reader of a page: the API's viewer check, on the login cookie only."""
     try:
-        return _viewer(request, None, settings, session)
+        return caller_for(token_from_request(request, None), settings, Role.VIEWER)
     except HTTPException as exc:
         if exc.status_code == status.HTTP_401_UNAUTHORIZED:
             target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
