@@ -274,10 +274,12 @@ class BaselineUpdate(BaseModel):
     profile: str = Field(pattern=NAME_PATTERN)
     suite: str = Field(pattern=NAME_PATTERN)
     metric: str = Field(pattern=NAME_PATTERN)
-    value: float | None = Field(None, ge=-1e6, le=1e6, description="null (or left out) keeps the stored value")
+    value: float | None = Field(
+        None, ge=0, le=1000, description="A rate (accuracy 0..1, WER from 0); null clears it, left out keeps it"
+    )
     direction: Literal["higher", "lower"] | None = None
     tolerance_kind: Literal["absolute", "relative"] | None = None
-    tolerance: float | None = Field(None, ge=0, le=1e6)
+    tolerance: float | None = Field(None, ge=0, le=10)
     source: str | None = Field(None, max_length=1000)
     reference_run_id: int | None = Field(None, ge=1, le=DB_INT_MAX)
 

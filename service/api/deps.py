@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -78,11 +80,34 @@ class Caller:
 ANONYMOUS = Caller(name="anonymous", role=Role.VIEWER.value)
 
 
+COOKIE = "kvcanary_token"
+CSRF_HEADER = "X-CSRF-Token"
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def csrf_token(secret: str) -> str:
+    """The value a page sends back with its changes: derived from the login cookie, which another
+    site can make a browser send but never read, so it cannot know this either."""
+    return hashlib.sha256(b"kvcanary-csrf\n" + secret.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
 def token_from_request(request: Request, credentials: HTTPAuthorizationCredentials | None) -> str | None:
-    """A bearer header for clients; the dashboard's login cookie for browsers."""
+    """A bearer header for clients; the dashboard's login cookie for browsers.
+
+    A change (any method but GET/HEAD/OPTIONS) made with the cookie must also carry the CSRF
+    header the dashboard's pages send; without it, 403.
+    """
     if credentials is not None:
         return credentials.credentials
-    return request.cookies.get("kvcanary_token")
+    cookie = request.cookies.get(COOKIE)
+    if cookie is not None and request.method not in _SAFE_METHODS:
+        sent = request.headers.get(CSRF_HEADER, "")
+        if not hmac.compare_digest(sent.encode("utf-8", errors="replace"), csrf_token(cookie).encode()):
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN,
+                f"a change made with the login cookie needs the {CSRF_HEADER} header that the dashboard's pages send",
+            )
+    return cookie
 
 
 def caller_for(token: str | None, settings: Settings, role: Role) -> Caller:
