@@ -6,6 +6,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
+import anyio.to_thread
 from fastapi import FastAPI, Request, Response
 
 from service import baselines, dashboard
@@ -29,6 +30,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         url = settings.resolved_database_url()
+        # Fewer threads than anyio's 40: request threads spend their time in Python (the ORM)
+        # holding the GIL, and 40 of them starve the event loop that answers /healthz.
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.request_threads
         settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         settings.runs_dir().mkdir(mode=0o700, exist_ok=True)
         upgrade(url)
