@@ -9,9 +9,10 @@
   const LABELS = { none: "no verdict (A/B control)" };
   const series = JSON.parse(document.getElementById("trend-data").textContent);
 
-  // Plotly renders hover text as HTML (links included); labels are anyone's text, so escape them.
-  const ENTITIES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
-  const escapeHtml = (text) => String(text).replace(/[&<>"']/g, (c) => ENTITIES[c]);
+  // Plotly renders hover text as HTML (links included); labels are anyone's text, so escape
+  // them. Without `<` no tag can form; Plotly decodes these three entities and no others.
+  const ENTITIES = { "&": "&amp;", "<": "&lt;", ">": "&gt;" };
+  const escapeHtml = (text) => String(text).replace(/[&<>]/g, (c) => ENTITIES[c]);
 
   function bandTraces(s) {
     const withBand = s.points.filter((p) => p.baseline !== null && p.threshold !== null);
