@@ -75,7 +75,11 @@ def _walk(value: Any, loc: list[str | int]) -> None:
 def check_json(body: bytes) -> None:
     """Raise Unstorable for storable-looking JSON that is not; leave malformed JSON to FastAPI."""
     try:
-        document = json.loads(body, parse_constant=_constant, parse_float=_float, parse_int=_int)
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Unstorable(["body"], f"the body is not UTF-8 (byte {exc.start})") from exc
+    try:
+        document = json.loads(text, parse_constant=_constant, parse_float=_float, parse_int=_int)
     except Unstorable as exc:
         raise Unstorable(["body"], exc.msg) from exc
     except ValueError:
