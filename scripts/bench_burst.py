@@ -77,7 +77,11 @@ def serve(data_dir: Path, database_url: str | None) -> Iterator[str]:
         yield url
     finally:
         process.terminate()
-        process.wait(30)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
         log.close()
 
 
@@ -88,6 +92,7 @@ class Burst:
     timeouts: int = 0
     retried_busy: int = 0
     health_ms: list[float] = field(default_factory=list)
+    health_failures: int = 0  # not 200, or no answer within the timeout
     seconds: float = 0.0
 
     @property
@@ -124,9 +129,12 @@ def _watch_health(url: str, burst: Burst, stop: threading.Event) -> None:
     with httpx.Client(base_url=url, timeout=TIMEOUT_S) as client:
         while not stop.is_set():
             began = time.perf_counter()
-            response = client.get("/healthz")
-            if response.status_code == 200:
-                burst.health_ms.append((time.perf_counter() - began) * 1000)
+            try:
+                healthy = client.get("/healthz").status_code == 200
+            except httpx.HTTPError:
+                healthy = False
+            burst.health_ms.append((time.perf_counter() - began) * 1000)
+            burst.health_failures += not healthy
             stop.wait(0.02)
 
 
@@ -226,7 +234,7 @@ def main() -> None:
     print(f"  stored, never returned:      {checked.never_returned}")
     print(
         f"  /healthz during the burst:   p50 {p50:.1f} ms, p99 {p99:.1f} ms over {len(burst.health_ms)} polls"
-        f" (target p99 < {HEALTH_TARGET_P99_MS:.0f} ms)"
+        f", {burst.health_failures} failed (target p99 < {HEALTH_TARGET_P99_MS:.0f} ms)"
     )
 
 

@@ -21,7 +21,7 @@ LABEL_KEY = r"^[a-z][a-z0-9_.-]{0,63}$"
 MAX_LABELS = 20
 MAX_LABEL_VALUE = 512
 MAX_LABEL_FILTERS = MAX_LABELS
-DB_INT_MAX = 2**63 - 1
+INT64_MAX = 2**63 - 1  # ids, offsets and JSON integers past this cannot be stored
 
 T = TypeVar("T")
 
@@ -281,7 +281,7 @@ class BaselineUpdate(BaseModel):
     tolerance_kind: Literal["absolute", "relative"] | None = None
     tolerance: float | None = Field(None, ge=0, le=10)
     source: str | None = Field(None, max_length=1000)
-    reference_run_id: int | None = Field(None, ge=1, le=DB_INT_MAX)
+    reference_run_id: int | None = Field(None, ge=1, le=INT64_MAX)
 
     @model_validator(mode="after")
     def _required_fields_not_null(self) -> BaselineUpdate:

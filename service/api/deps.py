@@ -14,11 +14,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from service.api.errors import not_found
-from service.api.gate import INT64_MAX
 from service.auth import Role, allows, authenticate, use_stamps
 from service.db.models import Run
 from service.db.session import session_scope
 from service.profiles import Profile
+from service.schemas import INT64_MAX
 from service.settings import Settings
 
 _bearer = HTTPBearer(auto_error=False, description="An API token made with `kvcanary tokens create`")

@@ -16,7 +16,9 @@ from urllib.parse import unquote_to_bytes
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+from service.schemas import INT64_MAX
+
+INT64_MIN = -INT64_MAX - 1
 
 
 class Unstorable(ValueError):

@@ -10,9 +10,8 @@ from fastapi import APIRouter, Path, status
 from service import auth
 from service.api.deps import Admin, SessionDep, WriterDep
 from service.api.errors import documented, not_found
-from service.api.gate import INT64_MAX
 from service.db.models import utcnow
-from service.schemas import TokenCreate, TokenCreated, TokenOut
+from service.schemas import INT64_MAX, TokenCreate, TokenCreated, TokenOut
 
 router = APIRouter(prefix="/api/v1/tokens", tags=["tokens"])
 

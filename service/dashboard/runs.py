@@ -16,7 +16,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.api.deps import Caller, Offset, SessionDep
-from service.api.gate import INT64_MAX
 from service.auth import Role, allows
 from service.dashboard.access import PageCaller
 from service.dashboard.render import page
@@ -25,7 +24,7 @@ from service.db.models import Run
 from service.runs import queries
 from service.runs.compare import CompareError, arms_and_suites, diff_runs, pick_arm
 from service.runs.state import Status
-from service.schemas import LABEL_KEY, parse_label_pairs
+from service.schemas import INT64_MAX, LABEL_KEY, parse_label_pairs
 
 router = APIRouter(include_in_schema=False)
 
