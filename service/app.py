@@ -11,8 +11,7 @@ from fastapi import FastAPI, Request, Response
 
 from service import baselines, dashboard
 from service.alerting.watcher import AlertWatcher
-from service.api import catalog, compare, ops, runs, schedules, tokens
-from service.api.errors import API_ERRORS
+from service.api import catalog, compare, errors, ops, runs, schedules, tokens
 from service.api.gate import Admission, RequestGate
 from service.db.migrate import upgrade
 from service.db.session import session_scope
@@ -61,10 +60,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     # Outermost last: admission answers before a body is read, the gate before any route runs.
+    errors.install(app)
     app.add_middleware(RequestGate, limit=settings.max_body_bytes)
     app.add_middleware(Admission, limit=settings.max_in_flight)
     for router in (runs.router, catalog.router, compare.router, schedules.router, tokens.router):
-        app.include_router(router, responses=API_ERRORS)
+        app.include_router(router, responses=errors.API_ERRORS)
     app.include_router(ops.router)
     dashboard.install(app)
 

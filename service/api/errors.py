@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import HTTPException, status
+from fastapi import FastAPI, HTTPException, Request, status
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 
 class Problem(BaseModel):
@@ -59,3 +62,21 @@ def not_found(what: str) -> HTTPException:
 
 def unprocessable(why: str) -> HTTPException:
     return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, why)
+
+
+DATABASE_BUSY_RETRY_S = 2
+
+
+async def _database_busy(request: Request, exc: Exception) -> JSONResponse:
+    """A pool with no free connection, or a database that is locked or gone: retry later, not a 500."""
+    why = f"the database is busy or unreachable ({type(exc).__name__}); retry after {DATABASE_BUSY_RETRY_S} s"
+    return JSONResponse(
+        {"detail": why},
+        status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+        headers={"Retry-After": str(DATABASE_BUSY_RETRY_S)},
+    )
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(PoolTimeout, _database_busy)
+    app.add_exception_handler(OperationalError, _database_busy)
