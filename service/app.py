@@ -6,13 +6,13 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
+import anyio.to_thread
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import baselines, dashboard
 from service.alerting.watcher import AlertWatcher
-from service.api import catalog, compare, ops, runs, schedules
+from service.api import catalog, compare, errors, ops, runs, schedules, tokens
+from service.api.gate import Admission, RequestGate
 from service.db.migrate import upgrade
 from service.db.session import session_scope
 from service.profiles import load_profiles
@@ -23,52 +23,17 @@ from service.settings import Settings, get_settings
 log = logging.getLogger(__name__)
 
 
-class BodyLimit:
-    """Refuse request bodies over `limit` bytes with 413, whether or not they declare a length."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._refuse(scope, receive, send)
-            return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise _TooLarge()
-            return message
-
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await self._refuse(scope, receive, send)
-
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = JSONResponse({"detail": f"request body over {self.limit} bytes"}, status_code=413)
-        await response(scope, receive, send)
-
-
-class _TooLarge(Exception):
-    pass
-
-
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         url = settings.resolved_database_url()
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        # Fewer threads than anyio's 40: request threads spend their time in Python (the ORM)
+        # holding the GIL, and 40 of them starve the event loop that answers /healthz.
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.request_threads
+        settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        settings.runs_dir().mkdir(mode=0o700, exist_ok=True)
         upgrade(url)
         profiles = load_profiles(settings.profiles_dir)
         with session_scope(url) as session:
@@ -94,13 +59,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    app.include_router(runs.router)
-    app.include_router(catalog.router)
+    # Outermost last: admission answers before a body is read, the gate before any route runs.
+    errors.install(app)
+    app.add_middleware(RequestGate, limit=settings.max_body_bytes)
+    app.add_middleware(Admission, limit=settings.max_in_flight)
+    for router in (runs.router, catalog.router, compare.router, schedules.router, tokens.router):
+        app.include_router(router, responses=errors.API_ERRORS)
     app.include_router(ops.router)
-    app.include_router(compare.router)
     dashboard.install(app)
-    app.include_router(schedules.router)
 
     @app.middleware("http")
     async def no_cache_api(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:

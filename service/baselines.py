@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from evals import suites as suite_registry
 from service.db.models import Baseline, BaselineChange, Run, SuiteResult, utcnow
 from service.profiles import Profile
 from service.runs.state import Status
@@ -28,7 +29,7 @@ def _snapshot(row: Baseline) -> dict[str, Any]:
 
 
 def out(row: Baseline) -> BaselineOut:
-    return BaselineOut.model_validate(row, from_attributes=True)
+    return BaselineOut.model_validate(row)
 
 
 def seed_from_profiles(session: Session, profiles: dict[str, Profile]) -> int:
@@ -74,6 +75,11 @@ def update(session: Session, change: BaselineUpdate, by: str, profiles: dict[str
         raise BaselineError(f"unknown profile {change.profile!r}; known: {', '.join(sorted(profiles))}")
     if change.suite not in {entry.suite for entry in profile.suites}:
         raise BaselineError(f"profile {change.profile!r} does not run suite {change.suite!r}")
+    declared = suite_registry.get(change.suite).metrics
+    if change.metric not in declared:
+        raise BaselineError(
+            f"suite {change.suite!r} reports no metric {change.metric!r}; it reports {', '.join(declared)}"
+        )
     if change.reference_run_id is not None:
         reference = session.get(Run, change.reference_run_id)
         if reference is None or reference.profile != change.profile:

@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated
 
@@ -22,7 +23,7 @@ from service.report import cli_console, print_run, write_junit
 from service.roles import Role
 from service.runs.state import FINAL
 from service.scheduling.cli import app as schedules_app
-from service.schemas import RunDetail
+from service.schemas import RunDetail, parse_label_pairs
 
 app = typer.Typer(help="kvcanary: end-to-end accuracy gate for vLLM attention kernels", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema", no_args_is_help=True)
@@ -38,13 +39,25 @@ EXIT_PASS, EXIT_REGRESSION, EXIT_ERROR = 0, 1, 2
 
 
 def _labels(pairs: list[str]) -> dict[str, str]:
-    labels = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise typer.BadParameter(f"label {pair!r} must be key=value")
-        labels[key] = value
-    return labels
+    try:
+        return parse_label_pairs(pairs)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+def _expiry(expires_in: str | None, expires: datetime | None) -> datetime | None:
+    """`--expires-in 90d` (d, h or m) or `--expires 2027-01-31`, as a UTC instant."""
+    if expires_in and expires:
+        raise typer.BadParameter("give --expires-in or --expires, not both")
+    if expires is not None:
+        return expires if expires.tzinfo else expires.replace(tzinfo=UTC)
+    if not expires_in:
+        return None
+    units = {"d": "days", "h": "hours", "m": "minutes"}
+    amount, unit = expires_in[:-1], expires_in[-1:]
+    if unit not in units or not amount.isdigit() or int(amount) == 0:
+        raise typer.BadParameter(f"--expires-in {expires_in!r}: a whole number and d, h or m, e.g. 90d")
+    return datetime.now(UTC) + timedelta(**{units[unit]: int(amount)})
 
 
 def _exit_code(run: RunDetail) -> int:
@@ -90,15 +103,52 @@ def db_upgrade() -> None:
 def tokens_create(
     role: Annotated[Role, typer.Option(help="viewer reads; ci also triggers runs; admin also edits baselines")],
     name: Annotated[str, typer.Option(help="Who or what holds it, e.g. github-actions")] = "token",
+    expires_in: Annotated[str | None, typer.Option(help="Lifetime, e.g. 90d, 12h or 30m")] = None,
+    expires: Annotated[
+        datetime | None, typer.Option(help="Expiry date or time (UTC unless given), e.g. 2027-01-31")
+    ] = None,
 ) -> None:
     """Print a new API token once; only its hash is stored."""
     from service.auth import create_token
     from service.db.session import session_scope
 
+    expires_at = _expiry(expires_in, expires)
     with session_scope(_prepared_db()) as session:
-        token = create_token(session, name, role)
-    console.print(f"created {role.value} token {name!r}; store it now, it is not shown again:")
+        token = create_token(session, name, role, expires_at)
+    until = f", valid until {expires_at:%Y-%m-%d %H:%M} UTC" if expires_at else ""
+    console.print(f"created {role.value} token {name!r}{until}; store it now, it is not shown again:")
     print(token)
+
+
+@tokens_app.command("list")
+def tokens_list() -> None:
+    """Every token: id, name, role, state, expiry and last use (never the secret)."""
+    from service.auth import list_tokens
+    from service.db.models import utcnow
+    from service.db.session import session_scope
+
+    now = utcnow()
+    with session_scope(_prepared_db(), write=False) as session:
+        rows = list_tokens(session)
+    for row in rows:
+        state = "revoked" if row.revoked else "expired" if row.expires_at and row.expires_at <= now else "active"
+        expiry = f"{row.expires_at:%Y-%m-%d %H:%M}" if row.expires_at else "never"
+        used = f"{row.last_used_at:%Y-%m-%d %H:%M}" if row.last_used_at else "never"
+        print(f"{row.id}\t{row.name}\t{row.role}\t{state}\texpires {expiry}\tlast used {used}")
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(token_id: Annotated[int, typer.Argument(help="The id `kvcanary tokens list` shows")]) -> None:
+    """Revoke a token; the next request that presents it gets 401."""
+    from service.auth import revoke
+    from service.db.session import session_scope
+
+    with session_scope(_prepared_db()) as session:
+        row = revoke(session, token_id)
+    if row is None:
+        console.print(f"[red]no token with id {token_id}; see `kvcanary tokens list`[/red]")
+        raise typer.Exit(EXIT_ERROR)
+    console.print(f"revoked token {token_id} ({row.name}, {row.role})")
 
 
 @baselines_app.command("list")
@@ -226,6 +276,22 @@ def _follow(url: str, run_id: int, worker: threading.Thread) -> None:
             worker.join(0.5)
 
 
+BUSY = (429, 503)
+MAX_RETRY_AFTER_S = 60.0
+
+
+def _post_run(client: httpx.Client, body: dict[str, object], deadline: float) -> httpx.Response:
+    """POST the run; while the service answers 429/503, wait the Retry-After it names and try again."""
+    while True:
+        response = client.post("/api/v1/runs", json=body)
+        if response.status_code not in BUSY or time.monotonic() > deadline:
+            return response
+        header = response.headers.get("Retry-After", "")
+        wait = min(float(header), MAX_RETRY_AFTER_S) if header.isdigit() else 5.0
+        print(f"service busy ({response.status_code}); retrying in {wait:.0f} s", file=sys.stderr)
+        time.sleep(wait)
+
+
 @app.command()
 def submit(
     url: Annotated[str, typer.Option(help="Base URL of a kvcanary service")],
@@ -258,7 +324,7 @@ def submit(
         body["compare"] = [arm.strip() for arm in compare.split(",")]
     try:
         with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=30) as client:
-            response = client.post("/api/v1/runs", json=body)
+            response = _post_run(client, body, deadline=time.monotonic() + timeout)
             if response.status_code >= 400:
                 console.print(f"[red]{response.status_code}: {response.text}[/red]")
                 raise typer.Exit(EXIT_ERROR)

@@ -7,12 +7,13 @@ writer and the dashboard render it, so all of them show the same numbers and wor
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from service.profiles import Profile, RunOverrides, Variant
+from service.profiles import NAME_PATTERN, Profile, RunOverrides, Variant
 
 if TYPE_CHECKING:  # the client parses these documents without the server's database layer
     from service.db.models import Run, SuiteResult
@@ -21,8 +22,22 @@ if TYPE_CHECKING:  # the client parses these documents without the server's data
 LABEL_KEY = r"^[a-z][a-z0-9_.-]{0,63}$"
 MAX_LABELS = 20
 MAX_LABEL_VALUE = 512
+MAX_LABEL_FILTERS = MAX_LABELS
+INT64_MAX = 2**63 - 1  # ids, offsets and JSON integers past this cannot be stored
 
 T = TypeVar("T")
+
+
+def parse_label_pairs(pairs: Iterable[str]) -> dict[str, str]:
+    """`key=value` strings (CLI options, list filters) as labels; ValueError names the bad one."""
+    labels = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"label {pair[:80]!r} must be key=value, e.g. git_sha=3f2a9c1")
+        labels[key] = value.strip()
+    return labels
 
 
 def check_labels(labels: dict[str, str]) -> dict[str, str]:
@@ -58,7 +73,7 @@ class RunCreate(BaseModel):
         },
     )
 
-    profile: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
+    profile: str = Field(pattern=NAME_PATTERN)
     labels: dict[str, str] = Field(default_factory=dict, description="e.g. git_sha, vllm_version, build_url")
     overrides: RunOverrides = Field(default_factory=RunOverrides)
     compare: list[Variant] | None = Field(
@@ -87,6 +102,8 @@ class Progress(BaseModel):
 
 
 class MetricOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     arm: str
     suite: str
     metric: str
@@ -97,7 +114,7 @@ class MetricOut(BaseModel):
     ci_high: float | None
     direction: str
     empty_response_rate: float
-    baseline: float | None
+    baseline: float | None = Field(validation_alias=AliasChoices("baseline", "baseline_value"))
     threshold: float | None
     verdict: str | None
     explanation: str
@@ -105,23 +122,7 @@ class MetricOut(BaseModel):
 
     @classmethod
     def of(cls, row: SuiteResult) -> MetricOut:
-        return cls(
-            arm=row.arm,
-            suite=row.suite,
-            metric=row.metric,
-            value=row.value,
-            n=row.n,
-            stderr=row.stderr,
-            ci_low=row.ci_low,
-            ci_high=row.ci_high,
-            direction=row.direction,
-            empty_response_rate=row.empty_response_rate,
-            baseline=row.baseline_value,
-            threshold=row.threshold,
-            verdict=row.verdict,
-            explanation=row.explanation,
-            details=row.details or {},
-        )
+        return cls.model_validate(row)
 
 
 class RunSummary(BaseModel):
@@ -209,6 +210,8 @@ class RunDetail(RunSummary):
 
 
 class SampleOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     arm: str
     suite: str
     key: str
@@ -228,7 +231,7 @@ class SampleOut(BaseModel):
 
     @classmethod
     def of(cls, row: SampleRow) -> SampleOut:
-        return cls.model_validate(row, from_attributes=True)
+        return cls.model_validate(row)
 
 
 class Page(BaseModel, Generic[T]):
@@ -239,6 +242,8 @@ class Page(BaseModel, Generic[T]):
 
 
 class BaselineOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     profile: str
     suite: str
     metric: str
@@ -270,15 +275,28 @@ class BaselineUpdate(BaseModel):
         },
     )
 
-    profile: str
-    suite: str
-    metric: str
-    value: float | None = None
+    profile: str = Field(pattern=NAME_PATTERN)
+    suite: str = Field(pattern=NAME_PATTERN)
+    metric: str = Field(pattern=NAME_PATTERN)
+    value: float | None = Field(
+        None, ge=0, le=1000, description="A rate (accuracy 0..1, WER from 0); null clears it, left out keeps it"
+    )
     direction: Literal["higher", "lower"] | None = None
     tolerance_kind: Literal["absolute", "relative"] | None = None
-    tolerance: float | None = Field(None, ge=0)
+    tolerance: float | None = Field(None, ge=0, le=10)
     source: str | None = Field(None, max_length=1000)
-    reference_run_id: int | None = None
+    reference_run_id: int | None = Field(None, ge=1, le=INT64_MAX)
+
+    @model_validator(mode="after")
+    def _required_fields_not_null(self) -> BaselineUpdate:
+        nulled = [
+            name
+            for name in ("direction", "tolerance_kind", "tolerance", "source")
+            if name in self.model_fields_set and getattr(self, name) is None
+        ]
+        if nulled:
+            raise ValueError(f"{', '.join(nulled)} cannot be null; leave a field out to keep its value")
+        return self
 
 
 class ProfileOut(BaseModel):
@@ -311,7 +329,30 @@ class ProfileOut(BaseModel):
         )
 
 
-class TokenCreated(BaseModel):
+class TokenOut(BaseModel):
+    """A token as admins see it; never its secret."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
     name: str
     role: str
+    created_at: datetime
+    last_used_at: datetime | None = Field(description="Recorded at most once a minute")
+    expires_at: datetime | None
+    revoked: bool
+
+
+class TokenCreate(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"name": "github-actions", "role": "ci", "expires_in_days": 90}]},
+    )
+
+    name: str = Field(pattern=NAME_PATTERN, description="Who or what holds it")
+    role: Literal["viewer", "ci", "admin"]
+    expires_in_days: int | None = Field(None, ge=1, le=3650, description="Left out: the token does not expire")
+
+
+class TokenCreated(TokenOut):
     token: str = Field(description="Shown once; only its hash is stored")

@@ -29,6 +29,10 @@ class Settings(BaseSettings):
     ray_address: str | None = Field(None, description="Ray cluster to hand runs to, e.g. `head:6379` or `auto`")
     worker_poll_s: float = Field(1.0, gt=0)
     max_body_bytes: int = Field(64 * 1024, gt=0)
+    request_threads: int = Field(8, ge=1, le=200, description="Threads that run request handlers")
+    max_in_flight: int = Field(
+        1024, gt=0, description="API requests served at once; more are answered 503 with Retry-After"
+    )
     nightly: bool = Field(False, description="Switch on the profiles' nightly schedules (a GPU host sets it)")
     scheduler_tick_s: float = Field(15.0, gt=0, description="How often the scheduler looks for due schedules")
     alert_webhooks: list[str] = Field(default_factory=list, description='Generic JSON webhooks, e.g. ["https://..."]')

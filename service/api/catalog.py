@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, status
+from fastapi import APIRouter, Query
 
 from service import baselines
-from service.api.deps import Admin, ProfilesDep, SessionDep, Viewer, WriterDep
+from service.api.deps import Admin, ProfilesDep, RunId, SessionDep, Viewer, WriterDep
+from service.api.errors import unprocessable
+from service.profiles import NAME_PATTERN
 from service.schemas import BaselineOut, BaselineUpdate, ProfileOut
 
 router = APIRouter(prefix="/api/v1", tags=["catalog"])
@@ -22,7 +24,7 @@ def list_profiles(_: Viewer, profiles: ProfilesDep) -> list[ProfileOut]:
 def list_baselines(
     _: Viewer,
     session: SessionDep,
-    profile: str | None = None,
+    profile: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
 ) -> list[BaselineOut]:
     return baselines.list_baselines(session, profile)
 
@@ -39,17 +41,19 @@ def put_baseline(
         with writer() as session:
             return baselines.update(session, change, caller.name, profiles)
     except baselines.BaselineError as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
+        raise unprocessable(str(exc)) from exc
 
 
 @router.get("/baselines/history", response_model=list[dict[str, Any]])
-def baseline_history(profile: str, _: Viewer, session: SessionDep) -> list[dict[str, Any]]:
+def baseline_history(
+    profile: Annotated[str, Query(pattern=NAME_PATTERN)], _: Viewer, session: SessionDep
+) -> list[dict[str, Any]]:
     return baselines.history(session, profile)
 
 
 @router.post("/runs/{run_id}/promote", response_model=list[BaselineOut])
 def promote_run(
-    run_id: int,
+    run_id: RunId,
     caller: Admin,
     writer: WriterDep,
     profiles: ProfilesDep,
@@ -59,4 +63,4 @@ def promote_run(
         with writer() as session:
             return baselines.promote(session, run_id, caller.name, profiles)
     except baselines.BaselineError as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
+        raise unprocessable(str(exc)) from exc

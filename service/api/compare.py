@@ -4,27 +4,19 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, status
-from sqlalchemy.orm import Session
+from fastapi import APIRouter, Query
 
-from service.api.deps import SessionDep, Viewer
-from service.db.models import Run
+from service.api.deps import RunId, SessionDep, Viewer, run_or_404
+from service.api.errors import documented, unprocessable
 from service.runs.compare import CompareError, RunDiff, diff_runs
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
 
 
-def _get_run(session: Session, run_id: int) -> Run:
-    run = session.get(Run, run_id)
-    if run is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"run {run_id} does not exist")
-    return run
-
-
-@router.get("/{a}/diff/{b}", response_model=RunDiff)
+@router.get("/{a}/diff/{b}", response_model=RunDiff, responses=documented(404))
 def diff(
-    a: int,
-    b: int,
+    a: RunId,
+    b: RunId,
     _: Viewer,
     session: SessionDep,
     arm_a: Annotated[str | None, Query(max_length=16, description="Default: the treatment or only arm")] = None,
@@ -34,6 +26,6 @@ def diff(
     """Per suite: items right in `a` and wrong in `b` and the reverse (accuracy), or the
     utterances whose word errors changed most (WER), with both responses."""
     try:
-        return diff_runs(session, _get_run(session, a), _get_run(session, b), arm_a=arm_a, arm_b=arm_b, top=top)
+        return diff_runs(session, run_or_404(session, a), run_or_404(session, b), arm_a=arm_a, arm_b=arm_b, top=top)
     except CompareError as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
+        raise unprocessable(str(exc)) from exc

@@ -1,25 +1,35 @@
-"""Request dependencies in one place: settings, a DB session per request, profiles, auth."""
+"""Request dependencies in one place: settings, DB sessions, profiles, auth, and bounded ids."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, HTTPException, Path, Query, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from service.auth import Role, allows, lookup, stamp_use
+from service.api.errors import not_found
+from service.auth import Role, allows, authenticate, use_stamps
+from service.db.models import Run
 from service.db.session import session_scope
 from service.profiles import Profile
+from service.schemas import INT64_MAX
 from service.settings import Settings
 
 _bearer = HTTPBearer(auto_error=False, description="An API token made with `kvcanary tokens create`")
 
+# Ids and offsets end up as 64-bit integers in SQL; larger ones are refused with 422, not a driver error.
+RunId = Annotated[int, Path(ge=1, le=INT64_MAX)]
+Offset = Annotated[int, Query(ge=0, le=INT64_MAX)]
 
-def get_settings(request: Request) -> Settings:
+
+async def get_settings(request: Request) -> Settings:
+    """Async, like the other dependencies that do no I/O: no thread-pool hop per request."""
     settings: Settings = request.app.state.settings
     return settings
 
@@ -44,64 +54,97 @@ class Writer:
         return session_scope(self.url)
 
 
-def get_writer(settings: Annotated[Settings, Depends(get_settings)]) -> Writer:
+async def get_writer(settings: Annotated[Settings, Depends(get_settings)]) -> Writer:
     return Writer(settings.resolved_database_url())
 
 
-def get_profiles(request: Request) -> dict[str, Profile]:
+async def get_profiles(request: Request) -> dict[str, Profile]:
     profiles: dict[str, Profile] = request.app.state.profiles
     return profiles
+
+
+def run_or_404(session: Session, run_id: int) -> Run:
+    run = session.get(Run, run_id)
+    if run is None:
+        raise not_found(f"run {run_id} does not exist")
+    return run
 
 
 @dataclass(frozen=True)
 class Caller:
     name: str
     role: str
+    token_id: int | None = None
 
 
 ANONYMOUS = Caller(name="anonymous", role=Role.VIEWER.value)
 
 
+COOKIE = "kvcanary_token"
+CSRF_HEADER = "X-CSRF-Token"
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def csrf_token(secret: str) -> str:
+    """The value a page sends back with its changes: derived from the login cookie, which another
+    site can make a browser send but never read, so it cannot know this either."""
+    return hashlib.sha256(b"kvcanary-csrf\n" + secret.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
 def token_from_request(request: Request, credentials: HTTPAuthorizationCredentials | None) -> str | None:
-    """A bearer header for clients; the dashboard's login cookie for browsers."""
+    """A bearer header for clients; the dashboard's login cookie for browsers.
+
+    A change (any method but GET/HEAD/OPTIONS) made with the cookie must also carry the CSRF
+    header the dashboard's pages send; without it, 403.
+    """
     if credentials is not None:
         return credentials.credentials
-    return request.cookies.get("kvcanary_token")
+    cookie = request.cookies.get(COOKIE)
+    if cookie is not None and request.method not in _SAFE_METHODS:
+        sent = request.headers.get(CSRF_HEADER, "")
+        if not hmac.compare_digest(sent.encode("utf-8", errors="replace"), csrf_token(cookie).encode()):
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN,
+                f"a change made with the login cookie needs the {CSRF_HEADER} header that the dashboard's pages send",
+            )
+    return cookie
+
+
+def caller_for(token: str | None, settings: Settings, role: Role) -> Caller:
+    """401 without a live token, 403 when its role does not include `role`.
+
+    Reads (`Role.VIEWER`) are open unless `read_auth` is set. The token is looked up in a
+    transaction of its own: no connection stays checked out for the rest of the request.
+    """
+    if token is None:
+        if role == Role.VIEWER and not settings.read_auth:
+            return ANONYMOUS
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            f"this endpoint needs a token with role {role.value}: send 'Authorization: Bearer <token>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    url = settings.resolved_database_url()
+    row = authenticate(url, token)
+    if row is None:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED, "unknown, revoked or expired token", headers={"WWW-Authenticate": "Bearer"}
+        )
+    use_stamps.note(url, row)
+    if not allows(row.role, role):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN, f"token {row.name!r} has role {row.role}; this needs {role.value}"
+        )
+    return Caller(name=row.name, role=row.role, token_id=row.id)
 
 
 def require(role: Role) -> Callable[..., Caller]:
-    """401 without a valid token, 403 when the token's role does not include `role`.
-
-    Reads (`Role.VIEWER`) are open unless `read_auth` is set.
-    """
-
     def dependency(
         request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
         settings: Annotated[Settings, Depends(get_settings)],
-        session: Annotated[Session, Depends(get_session)],
     ) -> Caller:
-        token = token_from_request(request, credentials)
-        if token is None:
-            if role == Role.VIEWER and not settings.read_auth:
-                return ANONYMOUS
-            raise HTTPException(
-                status.HTTP_401_UNAUTHORIZED,
-                f"this endpoint needs a token with role {role.value}: send 'Authorization: Bearer <token>'",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        row = lookup(session, token)
-        if row is not None:
-            stamp_use(settings.resolved_database_url(), row.id)
-        if row is None:
-            raise HTTPException(
-                status.HTTP_401_UNAUTHORIZED, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"}
-            )
-        if not allows(row.role, role):
-            raise HTTPException(
-                status.HTTP_403_FORBIDDEN, f"token {row.name!r} has role {row.role}; this needs {role.value}"
-            )
-        return Caller(name=row.name, role=row.role)
+        return caller_for(token_from_request(request, credentials), settings, role)
 
     return dependency
 

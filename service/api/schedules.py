@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, status
+from fastapi import APIRouter
 
 from service.api.deps import Admin, ProfilesDep, SessionDep, Viewer, WriterDep
+from service.api.errors import unprocessable
 from service.scheduling import schedules
 from service.scheduling.schemas import ScheduleOut, ScheduleUpdate
 
@@ -23,4 +24,4 @@ def put_schedule(change: ScheduleUpdate, _: Admin, writer: WriterDep, profiles: 
         with writer() as session:
             return schedules.update(session, change, profiles)
     except schedules.ScheduleError as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
+        raise unprocessable(str(exc)) from exc

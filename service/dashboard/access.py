@@ -3,7 +3,9 @@
 The login form stores the token in the `kvcanary_token` cookie, which `require()` reads when
 no bearer header is sent, so the pages and the JSON API their scripts call agree on who the
 reader is. The cookie is HttpOnly and SameSite=Strict: scripts cannot read it, and another
-site cannot make a browser send it along with a promote or baseline edit.
+site cannot make a browser send it along with a promote or baseline edit. Changes made with
+the cookie also carry a CSRF token (see `service.api.deps.csrf_token`) that every page puts
+in its `csrf-token` meta tag, so a browser or proxy that ignores SameSite is still covered.
 """
 
 from __future__ import annotations
@@ -14,16 +16,14 @@ from urllib.parse import parse_qs, quote
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from service.api.deps import ANONYMOUS, Caller, SessionDep, SettingsDep, require
+from service.api.deps import ANONYMOUS, COOKIE, Caller, SessionDep, SettingsDep, caller_for
 from service.auth import Role, lookup
 from service.dashboard.render import page
 
-COOKIE = "kvcanary_token"
 COOKIE_MAX_AGE_S = 30 * 24 * 3600
 MAX_FORM_BYTES = 4096
 
 router = APIRouter(include_in_schema=False)
-_viewer = require(Role.VIEWER)
 
 
 class LoginRequired(Exception):
@@ -35,10 +35,10 @@ class LoginRequired(Exception):
         self.reason = reason
 
 
-def page_caller(request: Request, settings: SettingsDep, session: SessionDep) -> Caller:
+def page_caller(request: Request, settings: SettingsDep) -> Caller:
     """The reader of a page: the API's viewer check, on the login cookie only."""
     try:
-        return _viewer(request, None, settings, session)
+        return caller_for(request.cookies.get(COOKIE), settings, Role.VIEWER)
     except HTTPException as exc:
         if exc.status_code == status.HTTP_401_UNAUTHORIZED:
             target = request.url.path + (f"?{request.url.query}" if request.url.query else "")

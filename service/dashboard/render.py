@@ -11,7 +11,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
-from service.api.deps import ANONYMOUS, Caller
+from service.api.deps import ANONYMOUS, COOKIE, Caller, csrf_token
 from service.dashboard.assets import PLOTLY_URL
 from service.runs.state import ACTIVE, Status
 
@@ -85,9 +85,11 @@ TEMPLATES = _templates()
 def page(request: Request, template: str, caller: Caller, status_code: int = 200, **context: Any) -> HTMLResponse:
     """Render a page with what the layout needs: who is reading and whether reads need a login."""
     settings = request.app.state.settings
+    cookie = request.cookies.get(COOKIE)
+    csrf = csrf_token(cookie) if cookie else ""
     return TEMPLATES.TemplateResponse(
         request,
         template,
-        {"caller": caller, "read_auth": settings.read_auth, **context},
+        {"caller": caller, "read_auth": settings.read_auth, "csrf": csrf, **context},
         status_code=status_code,
     )

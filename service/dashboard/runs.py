@@ -6,6 +6,7 @@ Every number and sentence comes from the same read functions the API uses (`quer
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 from urllib.parse import urlencode
 
@@ -14,7 +15,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.api.deps import Caller, SessionDep
+from service.api.deps import Caller, Offset, SessionDep
 from service.auth import Role, allows
 from service.dashboard.access import PageCaller
 from service.dashboard.render import page
@@ -23,6 +24,7 @@ from service.db.models import Run
 from service.runs import queries
 from service.runs.compare import CompareError, arms_and_suites, diff_runs, pick_arm
 from service.runs.state import Status
+from service.schemas import INT64_MAX, LABEL_KEY, parse_label_pairs
 
 router = APIRouter(include_in_schema=False)
 
@@ -35,7 +37,8 @@ def _missing(request: Request, caller: Caller, what: str) -> HTMLResponse:
 
 
 def _run(session: Session, run_id: int) -> Run | None:
-    return session.get(Run, run_id)
+    """None for ids no run can have (past 64 bits too): the page says the run does not exist."""
+    return session.get(Run, run_id) if 1 <= run_id <= INT64_MAX else None
 
 
 @router.get("/")
@@ -52,18 +55,19 @@ def runs_page(
     status_: Annotated[str, Query(alias="status")] = "",
     trigger: str = "",
     label: Annotated[str, Query(max_length=200)] = "",
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=max(PAGE_SIZES))] = 50,
 ) -> HTMLResponse:
     """Newest first; live rows are refreshed by runs.js from the JSON API with the same filters."""
     labels: dict[str, str] = {}
     problem = ""
     if label:
-        key, sep, value = label.partition("=")
-        if sep and key.strip():
-            labels[key.strip()] = value.strip()
-        else:
-            problem = f"label filter {label!r} must be key=value, e.g. git_sha=3f2a9c1"
+        try:
+            labels = parse_label_pairs([label])
+        except ValueError as exc:
+            problem = f"label filter: {exc}"
+        if not all(re.match(LABEL_KEY, key) for key in labels):
+            labels, problem = {}, f"label filter {label!r}: the key must match {LABEL_KEY}"
     listing = queries.list_runs(
         session,
         profile=profile or None,
@@ -122,7 +126,7 @@ def samples_page(
     arm: str = "",
     wrong_only: bool = False,
     q: Annotated[str, Query(max_length=200)] = "",
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=max(PAGE_SIZES))] = 50,
 ) -> HTMLResponse:
     """Wrong answers first (GSM8k), worst utterances first (WER), one suite and arm at a time."""

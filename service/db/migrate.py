@@ -19,5 +19,15 @@ def alembic_config(url: str) -> Config:
 
 def upgrade(url: str, revision: str = "head") -> None:
     if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        create_private_file(Path(url.removeprefix("sqlite:///")))
     command.upgrade(alembic_config(url), revision)
+
+
+def create_private_file(path: Path) -> None:
+    """The SQLite file as 0600 in a 0700 folder: tokens' hashes and runs are nobody else's to read.
+
+    SQLite gives its -wal and -shm files the database file's mode, so they follow.
+    """
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not path.exists():
+        path.touch(mode=0o600)

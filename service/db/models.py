@@ -75,6 +75,7 @@ class Run(Base):
     labels: Mapped[dict[str, Any]] = mapped_column(JSON().with_variant(JSONB(), "postgresql"), default=dict)
     overrides: Mapped[dict[str, Any]] = mapped_column(default=dict)
     variants: Mapped[list[Any]] = mapped_column(default=list)
+    # SHA-256 of the caller's token id and the key it sent: the same key from two callers is two runs.
     idempotency_key: Mapped[str | None] = mapped_column(String(128), unique=True)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
@@ -220,6 +221,7 @@ class ApiToken(Base):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_used_at: Mapped[datetime | None] = mapped_column()
+    expires_at: Mapped[datetime | None] = mapped_column()
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
 
 

@@ -233,7 +233,7 @@ def execute(run_id: int, settings: Settings, profiles: dict[str, Profile], worke
         assert run is not None, f"run {run_id} does not exist"
         session.expunge(run)
     run_dir = settings.runs_dir() / str(run.id)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     stop_event = threading.Event()
     watcher = _Watcher(url, run.id, stop_event)
     watcher.start()

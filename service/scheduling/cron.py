@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 
 class CronError(ValueError):
@@ -19,16 +19,20 @@ class CronError(ValueError):
 def _zone(timezone: str) -> ZoneInfo:
     try:
         return ZoneInfo(timezone)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
         raise CronError(f"unknown time zone {timezone!r}: use an IANA name such as 'UTC' or 'Europe/Berlin'") from exc
 
 
 def validate(cron: str, timezone: str) -> None:
-    _zone(timezone)
+    zone = _zone(timezone)
     if not croniter.is_valid(cron):
         raise CronError(
             f"invalid cron expression {cron!r}: five fields (minute hour day month weekday), or six with seconds"
         )
+    try:
+        croniter(cron, datetime.now(zone)).get_next(datetime)
+    except CroniterBadDateError as exc:
+        raise CronError(f"cron expression {cron!r} never fires (e.g. 30 February); pick a date that exists") from exc
 
 
 def latest_due(cron: str, timezone: str, now: datetime) -> datetime:

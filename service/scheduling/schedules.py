@@ -141,7 +141,10 @@ def update(session: Session, change: ScheduleUpdate, profiles: dict[str, Profile
     for field, value in changes.items():
         setattr(row, field, value)
     row.overridden = True
-    row.next_fire_at = _next_fire(row, utcnow())
+    try:
+        row.next_fire_at = _next_fire(row, utcnow())
+    except cron.CronError as exc:  # the stored cron in the newly given time zone, or the reverse
+        raise ScheduleError(str(exc)) from exc
     session.flush()
     return _out(session, row)
 

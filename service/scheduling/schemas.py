@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from service.db.models import Schedule, ScheduleFire
+from service.profiles import NAME_PATTERN
 from service.scheduling.cron import CronError, validate
 from service.schemas import check_labels
 
@@ -73,8 +74,8 @@ class ScheduleUpdate(BaseModel):
         },
     )
 
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
-    profile: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
+    name: str = Field(pattern=NAME_PATTERN)
+    profile: str | None = Field(None, pattern=NAME_PATTERN)
     cron: str | None = Field(None, max_length=128)
     timezone: str | None = Field(None, max_length=64)
     enabled: bool | None = None
@@ -89,7 +90,9 @@ class ScheduleUpdate(BaseModel):
     def _cron_and_zone_valid(self) -> ScheduleUpdate:
         if self.cron is not None or self.timezone is not None:
             try:
-                validate(self.cron or "* * * * *", self.timezone or "UTC")
+                validate(
+                    "* * * * *" if self.cron is None else self.cron, "UTC" if self.timezone is None else self.timezone
+                )
             except CronError as exc:
                 raise ValueError(str(exc)) from exc
         return self

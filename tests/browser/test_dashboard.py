@@ -292,3 +292,31 @@ def test_admin_promotes_a_reference_and_edits_a_baseline(
     assert baseline_y[-1] == 0.05, "the band reaches today at the new baseline"
     shoot(page, "profile-admin-edit")
     assert console_errors == []
+
+
+def test_chart_hover_shows_label_html_as_text(page: Page, dashboard: Dashboard) -> None:
+    """Labels are any CI token's text: a git_sha written as a link must hover as text."""
+    s = dashboard.seeded
+    hostile = '<a href="https://evil.example.com/">login here</a>'
+    with session_scope(dashboard.service.database_url) as session:
+        run = session.get(Run, s.collapse)
+        assert run is not None
+        original = dict(run.labels)
+        run.labels = {**original, "git_sha": hostile}
+    try:
+        page.goto(f"/profiles/{GSM8K}")
+        chart = page.locator("#trend-gsm8k-strict-match")
+        names = chart.evaluate("el => el.data.map(t => t.name)")
+        point = chart.locator(".scatterlayer .trace").nth(names.index("fail")).locator("path.point").first
+        point.scroll_into_view_if_needed()
+        box = point.bounding_box()
+        assert box is not None
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        hover = chart.locator(".hoverlayer .hovertext")
+        expect(hover).to_contain_text(hostile)
+        assert hover.locator("a").count() == 0
+    finally:
+        with session_scope(dashboard.service.database_url) as session:
+            row = session.get(Run, s.collapse)
+            assert row is not None
+            row.labels = original

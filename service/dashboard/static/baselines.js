@@ -19,7 +19,7 @@
       };
       const res = await fetch("/api/v1/baselines", {
         method: "PUT", credentials: "same-origin",
-        headers: { "Content-Type": "application/json", Accept: "application/json" },
+        headers: { "Content-Type": "application/json", Accept: "application/json", ...kvc.csrfHeader() },
         body: JSON.stringify(body),
       });
       if (res.ok) {

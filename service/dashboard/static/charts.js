@@ -9,6 +9,11 @@
   const LABELS = { none: "no verdict (A/B control)" };
   const series = JSON.parse(document.getElementById("trend-data").textContent);
 
+  // Plotly renders hover text as HTML (links included); labels are anyone's text, so escape
+  // them. Without `<` no tag can form; Plotly decodes these three entities and no others.
+  const ENTITIES = { "&": "&amp;", "<": "&lt;", ">": "&gt;" };
+  const escapeHtml = (text) => String(text).replace(/[&<>]/g, (c) => ENTITIES[c]);
+
   function bandTraces(s) {
     const withBand = s.points.filter((p) => p.baseline !== null && p.threshold !== null);
     const xs = withBand.map((p) => p.at);
@@ -43,7 +48,7 @@
       x: pts.map((p) => p.at),
       y: pts.map((p) => p.value),
       customdata: pts.map((p) => p.run_id),
-      text: pts.map((p) => `run #${p.run_id}${arms.size > 1 ? ` arm ${p.arm}` : ""}${p.git_sha ? ` @ ${p.git_sha}` : ""}`),
+      text: pts.map((p) => escapeHtml(`run #${p.run_id}${arms.size > 1 ? ` arm ${p.arm}` : ""}${p.git_sha ? ` @ ${p.git_sha}` : ""}`)),
       mode: "markers",
       marker: { color: COLOURS[verdict] || COLOURS.none, size: 9, symbol: pts.map((p) => (p.arm === [...arms][0] ? "circle" : "diamond")) },
       error_y: {

@@ -39,6 +39,12 @@ window.kvc = (() => {
     container.append(text);
   }
 
+  // Changes made with the login cookie carry the page's CSRF token (see service/api/deps.py).
+  function csrfHeader() {
+    const meta = document.querySelector('meta[name="csrf-token"]');
+    return meta && meta.content ? { "X-CSRF-Token": meta.content } : {};
+  }
+
   async function getJSON(url) {
     const res = await fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" });
     if (!res.ok) {
@@ -60,5 +66,5 @@ window.kvc = (() => {
     setTimeout(loop, fastMs);
   }
 
-  return { duration, setBadge, renderProgress, getJSON, poll };
+  return { csrfHeader, duration, setBadge, renderProgress, getJSON, poll };
 })();

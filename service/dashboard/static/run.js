@@ -27,7 +27,7 @@
     promote.addEventListener("click", async () => {
       if (!confirm("Make this run the reference run for every metric it reported?")) return;
       const result = document.getElementById("admin-result");
-      const res = await fetch(promote.dataset.url, { method: "POST", credentials: "same-origin" });
+      const res = await fetch(promote.dataset.url, { method: "POST", credentials: "same-origin", headers: kvc.csrfHeader() });
       const body = await res.json().catch(() => ({}));
       result.hidden = false;
       result.className = res.ok ? "notice ok" : "notice error";

@@ -1,0 +1,242 @@
+"""Benchmark: a burst of concurrent triggers against a real `kvcanary serve` (worker off).
+
+Fires N concurrent `POST /api/v1/runs` (default 1,000), each with its own Idempotency-Key,
+like a merge train or a matrix build. A caller answered 429/503 waits the Retry-After it was
+given and tries again, as `kvcanary submit` does. While the burst lasts, /healthz is polled.
+Then every key is sent once more: each must return the run it was acknowledged with (200),
+and the runs stored must be exactly the runs those retries return.
+
+Prints: status counts, 5xx count, timeouts at 60 s, runs acknowledged vs stored, runs stored
+twice, runs stored unacknowledged, and /healthz p50/p99 during the burst. Targets: 0 x 5xx
+(503 with Retry-After is counted apart), 0 timeouts, every acknowledged run stored exactly
+once, /healthz p99 < 100 ms.
+
+    .venv/bin/python scripts/bench_burst.py [--requests 1000] [--postgres]
+
+--postgres uses KVCANARY_TEST_POSTGRES_URL's server when set (a new database on it), else
+starts a throwaway one with scripts/start_postgres.sh. The default is the embedded SQLite file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_postgres_api import free_port, fresh_database, postgres_server  # noqa: E402
+
+from service.auth import Role, create_token  # noqa: E402
+from service.db.migrate import upgrade  # noqa: E402
+from service.db.session import session_scope  # noqa: E402
+
+PROFILE = "kimi-linear-48b-a3b"
+TIMEOUT_S = 60.0
+HEALTH_TARGET_P99_MS = 100.0
+
+
+@contextmanager
+def serve(data_dir: Path, database_url: str | None) -> Iterator[str]:
+    """A real `kvcanary serve`, worker off, on a free port; its base URL."""
+    port = free_port()
+    env = {**os.environ, "KVCANARY_DATA_DIR": str(data_dir), "KVCANARY_START_WORKER": "false"}
+    if database_url:
+        env["KVCANARY_DATABASE_URL"] = database_url
+    log = (data_dir / "serve.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "service", "serve", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if process.poll() is not None or time.monotonic() > deadline:
+                sys.exit(f"kvcanary serve did not come up: {(data_dir / 'serve.log').read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+        log.close()
+
+
+@dataclass
+class Burst:
+    statuses: Counter[str] = field(default_factory=Counter)
+    acknowledged: dict[str, int] = field(default_factory=dict)  # key -> run id
+    timeouts: int = 0
+    retried_busy: int = 0
+    health_ms: list[float] = field(default_factory=list)
+    health_failures: int = 0  # not 200, or no answer within the timeout
+    seconds: float = 0.0
+
+    @property
+    def server_errors(self) -> int:
+        return sum(n for status, n in self.statuses.items() if status.startswith("5") and status != "503")
+
+
+async def _trigger(client: httpx.AsyncClient, key: str, burst: Burst) -> None:
+    body = {"profile": PROFILE, "labels": {"burst": key}}
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        try:
+            response = await client.post("/api/v1/runs", json=body, headers={"Idempotency-Key": key})
+        except httpx.TimeoutException:
+            burst.timeouts += 1
+            burst.statuses["timeout"] += 1
+            return
+        except httpx.TransportError as exc:
+            burst.statuses[type(exc).__name__] += 1
+            return
+        burst.statuses[str(response.status_code)] += 1
+        retry_after = response.headers.get("Retry-After", "")
+        if response.status_code in (429, 503) and retry_after.isdigit() and time.monotonic() < deadline:
+            burst.retried_busy += 1
+            await asyncio.sleep(int(retry_after))
+            continue
+        if response.status_code in (200, 201):
+            burst.acknowledged[key] = response.json()["id"]
+        return
+
+
+def _watch_health(url: str, burst: Burst, stop: threading.Event) -> None:
+    """In a thread of its own, so the burst's client loop does not delay the measurement."""
+    with httpx.Client(base_url=url, timeout=TIMEOUT_S) as client:
+        while not stop.is_set():
+            began = time.perf_counter()
+            try:
+                healthy = client.get("/healthz").status_code == 200
+            except httpx.HTTPError:
+                healthy = False
+            burst.health_ms.append((time.perf_counter() - began) * 1000)
+            burst.health_failures += not healthy
+            stop.wait(0.02)
+
+
+async def fire(url: str, token: str, keys: list[str]) -> Burst:
+    """Every key's trigger at once, with /healthz timed alongside."""
+    burst = Burst()
+    stop = threading.Event()
+    limits = httpx.Limits(max_connections=len(keys), max_keepalive_connections=len(keys))
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=TIMEOUT_S, limits=limits) as client:
+        watcher = threading.Thread(target=_watch_health, args=(url, burst, stop))
+        watcher.start()
+        began = time.perf_counter()
+        await asyncio.gather(*(_trigger(client, key, burst) for key in keys))
+        burst.seconds = time.perf_counter() - began
+        stop.set()
+        watcher.join()
+    return burst
+
+
+@dataclass
+class Audit:
+    stored: int  # runs with a burst label, counted before the retries
+    stored_twice: int  # keys with more than one stored run
+    lost: int  # acknowledged, but the retry returned another run or none
+    unacknowledged: int  # stored during the burst without the caller being told
+    never_returned: int  # stored, yet no retry of any key returns it
+
+
+def _stored(client: httpx.Client) -> dict[int, str]:
+    """Run id -> burst key of every stored burst run."""
+    runs: dict[int, str] = {}
+    offset = 0
+    while True:
+        page = client.get("/api/v1/runs", params={"limit": 500, "offset": offset}).json()
+        runs |= {item["id"]: item["labels"]["burst"] for item in page["items"] if "burst" in item["labels"]}
+        offset += 500
+        if offset >= page["total"]:
+            return runs
+
+
+def audit(url: str, token: str, keys: list[str], burst: Burst) -> Audit:
+    """Count what is stored, then send every key once more and compare."""
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=TIMEOUT_S) as client:
+        stored = _stored(client)
+        returned: dict[str, tuple[int, int]] = {}  # key -> (status, run id)
+        for key in keys:
+            body = {"profile": PROFILE, "labels": {"burst": key}}
+            response = client.post("/api/v1/runs", json=body, headers={"Idempotency-Key": key})
+            if response.status_code in (200, 201):
+                returned[key] = (response.status_code, response.json()["id"])
+    returned_ids = {run_id for _, run_id in returned.values()}
+    return Audit(
+        stored=len(stored),
+        stored_twice=len(stored) - len(set(stored.values())),
+        lost=sum(returned.get(key, (0, 0)) != (200, run_id) for key, run_id in burst.acknowledged.items()),
+        unacknowledged=sum(status == 200 and key not in burst.acknowledged for key, (status, _) in returned.items()),
+        never_returned=len(set(stored) - returned_ids),
+    )
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--postgres", action="store_true", help="PostgreSQL instead of the SQLite default")
+    args = parser.parse_args()
+    with ExitStack() as stack:
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kvc-burst-")))
+        database_url = None
+        if args.postgres:
+            database_url = stack.enter_context(fresh_database(stack.enter_context(postgres_server())))
+        url_for_tokens = database_url or f"sqlite:///{folder / 'kvcanary.db'}"
+        upgrade(url_for_tokens)
+        with session_scope(url_for_tokens) as session:
+            token = create_token(session, "burst", Role.CI)
+        base = stack.enter_context(serve(folder, database_url))
+        keys = [f"burst-{i}" for i in range(args.requests)]
+        burst = asyncio.run(fire(base, token, keys))
+        checked = audit(base, token, keys, burst)
+    database = "PostgreSQL" if args.postgres else "SQLite"
+    p50, p99 = percentile(burst.health_ms, 50), percentile(burst.health_ms, 99)
+    print(f"burst of {args.requests} concurrent triggers on {database}, answered in {burst.seconds:.1f} s")
+    print(f"  status counts (every try):   {dict(sorted(burst.statuses.items()))}")
+    print(f"  retried after 429/503:       {burst.retried_busy}")
+    print(f"  5xx (besides 503):           {burst.server_errors}")
+    print(f"  timeouts at {TIMEOUT_S:.0f} s:            {burst.timeouts}")
+    print(f"  acknowledged / stored:       {len(burst.acknowledged)} / {checked.stored}")
+    print(f"  stored twice:                {checked.stored_twice}")
+    print(f"  acknowledged, not returned:  {checked.lost}")
+    print(f"  stored unacknowledged:       {checked.unacknowledged}")
+    print(f"  stored, never returned:      {checked.never_returned}")
+    print(
+        f"  /healthz during the burst:   p50 {p50:.1f} ms, p99 {p99:.1f} ms over {len(burst.health_ms)} polls"
+        f", {burst.health_failures} failed (target p99 < {HEALTH_TARGET_P99_MS:.0f} ms)"
+    )
+
+
+if __name__ == "__main__":
+    main()

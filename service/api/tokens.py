@@ -1,0 +1,42 @@
+"""Tokens for admins: list, create with an expiry, revoke. Secrets are shown once, at creation."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated
+
+from fastapi import APIRouter, Path, status
+
+from service import auth
+from service.api.deps import Admin, SessionDep, WriterDep
+from service.api.errors import documented, not_found
+from service.db.models import utcnow
+from service.schemas import INT64_MAX, TokenCreate, TokenCreated, TokenOut
+
+router = APIRouter(prefix="/api/v1/tokens", tags=["tokens"])
+
+
+@router.get("", response_model=list[TokenOut])
+def list_tokens(_: Admin, session: SessionDep) -> list[TokenOut]:
+    return [TokenOut.model_validate(row) for row in auth.list_tokens(session)]
+
+
+@router.post("", response_model=TokenCreated, status_code=status.HTTP_201_CREATED)
+def create_token(body: TokenCreate, _: Admin, writer: WriterDep) -> TokenCreated:
+    """The secret is in this response only; store it now."""
+    expires_at = utcnow() + timedelta(days=body.expires_in_days) if body.expires_in_days else None
+    with writer() as session:
+        secret = auth.create_token(session, body.name, auth.Role(body.role), expires_at)
+        row = auth.lookup(session, secret)
+        assert row is not None
+        return TokenCreated(**TokenOut.model_validate(row).model_dump(), token=secret)
+
+
+@router.post("/{token_id}/revoke", response_model=TokenOut, responses=documented(404))
+def revoke_token(token_id: Annotated[int, Path(ge=1, le=INT64_MAX)], _: Admin, writer: WriterDep) -> TokenOut:
+    """From the next request on, the token gets 401."""
+    with writer() as session:
+        row = auth.revoke(session, token_id)
+        if row is None:
+            raise not_found(f"token {token_id} does not exist")
+        return TokenOut.model_validate(row)

@@ -1,0 +1,76 @@
+"""Bursts of concurrent triggers against a real `kvcanary serve` on SQLite: no 5xx, no stall,
+every run stored exactly once; a saturated service says 503 with Retry-After, which
+`kvcanary submit` honours. scripts/bench_burst.py measures the 1,000-trigger burst."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from service.auth import Role
+from service.cli import _post_run
+from tests.service.conftest import StartService
+
+PROFILE = "kimi-linear-48b-a3b"
+
+
+async def _burst(url: str, token: str, keys: list[str]) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=len(keys))
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60, limits=limits) as client:
+        return await asyncio.gather(
+            *(
+                client.post(
+                    "/api/v1/runs", json={"profile": PROFILE, "labels": {"burst": k}}, headers={"Idempotency-Key": k}
+                )
+                for k in keys
+            )
+        )
+
+
+def test_two_hundred_concurrent_triggers_are_each_stored_once(start_service: StartService) -> None:
+    service = start_service()
+    token = service.token(Role.CI)
+    keys = [f"build-{i}" for i in range(200)]
+    responses = asyncio.run(_burst(service.url, token, keys))
+    assert [r.status_code for r in responses] == [201] * len(keys), {r.status_code for r in responses}
+    acknowledged = {key: r.json()["id"] for key, r in zip(keys, responses, strict=True)}
+    assert len(set(acknowledged.values())) == len(keys)
+
+    stored = httpx.get(f"{service.url}/api/v1/runs", params={"limit": 500}).json()
+    assert stored["total"] == len(keys)
+    assert {item["id"]: item["labels"]["burst"] for item in stored["items"]} == {v: k for k, v in acknowledged.items()}
+    retried = asyncio.run(_burst(service.url, token, keys))
+    assert {key: (r.status_code, r.json()["id"]) for key, r in zip(keys, retried, strict=True)} == {
+        key: (200, run_id) for key, run_id in acknowledged.items()
+    }
+
+
+def test_a_saturated_service_answers_503_with_retry_after(start_service: StartService) -> None:
+    service = start_service(KVCANARY_MAX_IN_FLIGHT="2")
+    token = service.token(Role.CI)
+    keys = [f"busy-{i}" for i in range(60)]
+    responses = asyncio.run(_burst(service.url, token, keys))
+    statuses = {r.status_code for r in responses}
+    assert statuses <= {201, 503} and 503 in statuses, statuses
+    assert all(r.headers["Retry-After"].isdigit() for r in responses if r.status_code == 503)
+    assert httpx.get(f"{service.url}/healthz").status_code == 200  # health is never refused
+    created = sum(r.status_code == 201 for r in responses)
+    assert httpx.get(f"{service.url}/api/v1/runs").json()["total"] == created  # a 503 stored nothing
+
+
+def test_submit_waits_the_retry_after_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake transport: a real service cannot be made to answer 503 on a chosen request."""
+    answers = [
+        httpx.Response(503, headers={"Retry-After": "3"}, json={"detail": "busy"}),
+        httpx.Response(429, headers={"Retry-After": "1"}, json={"detail": "slow down"}),
+        httpx.Response(201, json={"id": 7}),
+    ]
+    waits: list[float] = []
+    monkeypatch.setattr("service.cli.time.sleep", waits.append)
+    transport = httpx.MockTransport(lambda request: answers.pop(0))
+    with httpx.Client(base_url="http://kvcanary", transport=transport) as client:
+        response = _post_run(client, {"profile": PROFILE}, deadline=float("inf"))
+    assert response.status_code == 201 and waits == [3.0, 1.0]
