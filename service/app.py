@@ -15,7 +15,7 @@ from service.alerting.watcher import AlertWatcher
 from service.api import catalog, compare, ops, runs, schedules
 from service.db.migrate import upgrade
 from service.db.session import session_scope
-from service.profiles import load_profiles
+from service.profile_catalog import configured_profiles
 from service.runs.worker import LocalWorker
 from service.scheduling.loop import Scheduler
 from service.settings import Settings, get_settings
@@ -70,7 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         url = settings.resolved_database_url()
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         upgrade(url)
-        profiles = load_profiles(settings.profiles_dir)
+        profiles = configured_profiles(settings)
         with session_scope(url) as session:
             baselines.seed_from_profiles(session, profiles)
         app.state.settings = settings

@@ -11,6 +11,7 @@ from typing import Annotated
 
 import httpx
 import typer
+import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -19,7 +20,8 @@ from service.auth import Role, create_token
 from service.db.migrate import upgrade
 from service.db.models import Run
 from service.db.session import session_scope
-from service.profiles import ProfileError, RunOverrides, apply_overrides, load_profiles
+from service.profile_catalog import Catalog, configured_profiles, load_catalog
+from service.profiles import ProfileError, RunOverrides, apply_overrides
 from service.report import print_run, write_junit
 from service.runs import pipeline, queries, queue
 from service.runs.state import FINAL
@@ -32,9 +34,11 @@ app = typer.Typer(help="kvcanary: end-to-end accuracy gate for vLLM attention ke
 db_app = typer.Typer(help="Database schema", no_args_is_help=True)
 tokens_app = typer.Typer(help="API tokens", no_args_is_help=True)
 baselines_app = typer.Typer(help="Baselines and reference runs", no_args_is_help=True)
+profiles_app = typer.Typer(help="Profiles, including vLLM lm-eval configs read as profiles", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(baselines_app, name="baselines")
+app.add_typer(profiles_app, name="profiles")
 app.add_typer(schedules_app, name="schedules")
 
 console = Console()
@@ -98,6 +102,44 @@ def tokens_create(
     print(token)
 
 
+def _catalog() -> Catalog:
+    try:
+        return load_catalog(get_settings())
+    except ProfileError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(EXIT_ERROR) from exc
+
+
+@profiles_app.command("list")
+def profiles_list() -> None:
+    """Every profile by name and where it comes from; vLLM files left out, with the reason."""
+    catalog = _catalog()
+    for name, profile in sorted(catalog.profiles.items()):
+        origin = f"vLLM config {catalog.vllm[name].path}" if name in catalog.vllm else "kvcanary profile"
+        typer.echo(f"{name}: {profile.model} ({origin})")
+    for problem in catalog.problems:
+        typer.echo(f"note: {problem}")
+
+
+@profiles_app.command("show")
+def profiles_show(name: str) -> None:
+    """How a profile was understood: for a vLLM config, where each key went and what was not applied."""
+    catalog = _catalog()
+    key = name.lower()
+    if key not in catalog.profiles:
+        console.print(f"[red]unknown profile {name!r}; known profiles: {', '.join(sorted(catalog.profiles))}[/red]")
+        raise typer.Exit(EXIT_ERROR)
+    vllm = catalog.vllm.get(key)
+    if vllm is not None:
+        typer.echo(f"source: vLLM lm-eval config {vllm.path}")
+        for source_key, target in vllm.understood:
+            typer.echo(f"  {source_key} -> {target}")
+        for note in vllm.notes:
+            typer.echo(f"  {note.key}: {note.reason}")
+    dumped = catalog.profiles[key].model_dump(mode="json", exclude_defaults=False)
+    typer.echo(yaml.safe_dump(dumped, sort_keys=False))
+
+
 @baselines_app.command("list")
 def baselines_list(profile: Annotated[str | None, typer.Argument()] = None) -> None:
     with session_scope(_prepared_db()) as session:
@@ -114,7 +156,7 @@ def baselines_promote(
 ) -> None:
     """Make a finished run the paired reference for every metric it reported."""
     settings = get_settings()
-    profiles = load_profiles(settings.profiles_dir)
+    profiles = configured_profiles(settings)
     with session_scope(_prepared_db()) as session:
         try:
             changed = baselines.promote(session, run_id, by, profiles)
@@ -137,7 +179,7 @@ def run(
     settings = get_settings()
     url = _prepared_db()
     try:
-        profiles = load_profiles(settings.profiles_dir)
+        profiles = configured_profiles(settings)
     except ProfileError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(EXIT_ERROR) from exc

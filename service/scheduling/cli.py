@@ -13,7 +13,8 @@ from rich.table import Table
 from service.db.migrate import upgrade
 from service.db.models import utcnow
 from service.db.session import session_scope
-from service.profiles import ProfileError, load_profiles
+from service.profile_catalog import configured_profiles
+from service.profiles import ProfileError
 from service.scheduling import schedules
 from service.scheduling.schemas import ScheduleUpdate
 from service.settings import get_settings
@@ -58,7 +59,7 @@ def list_() -> None:
 def _set_enabled(name: str, enabled: bool) -> None:
     settings = get_settings()
     try:
-        profiles = load_profiles(settings.profiles_dir)
+        profiles = configured_profiles(settings)
         with session_scope(_db()) as session:
             out = schedules.update(session, ScheduleUpdate(name=name, enabled=enabled), profiles)
     except (schedules.ScheduleError, ProfileError) as exc:
@@ -89,7 +90,7 @@ def fire_now(
     settings = get_settings()
     url = _db()
     try:
-        profiles = load_profiles(settings.profiles_dir)
+        profiles = configured_profiles(settings)
         with session_scope(url) as session:
             schedule_id = schedules.get(session, name).id
     except (schedules.ScheduleError, ProfileError) as exc:
