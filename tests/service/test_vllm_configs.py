@@ -123,3 +123,21 @@ def test_profiles_show_prints_how_a_file_was_understood(monkeypatch: pytest.Monk
     assert "moe_backend -> engine.extra_args --moe-backend aiter" in result.output
     assert "required_gpu_arch: not applied" in result.output
     assert "gsm8k:exact_match,strict-match" in result.output
+
+
+def test_shipped_whisper_profiles_carry_published_baselines() -> None:
+    from evals.verdict import Baseline, threshold
+    from service.profiles import load_profiles
+    from service.settings import PACKAGED_PROFILES
+
+    profiles = load_profiles(PACKAGED_PROFILES)
+    earnings = profiles["whisper-large-v3-earnings22"]
+    source = earnings.suite_configs()["wer"]
+    assert (source.hub_path, source.split) == ("D4nt3/esb-datasets-earnings22-validation-tiny-filtered", "validation")
+    wer = earnings.baselines["wer"]["wer"]
+    assert wer.value == 0.1274498 and "test_transcription_api_correctness.py" in wer.source
+    # vLLM: assert_close(wer_percent, 12.744980, atol=0.1, rtol=0.01); kvcanary keeps the upper side.
+    rule = Baseline(wer.value, wer.direction, wer.tolerance.kind, wer.tolerance.value)
+    assert threshold(rule) == pytest.approx((12.744980 + 0.1 + 0.01 * 12.744980) / 100, abs=1e-6)
+    librispeech = profiles["whisper-large-v3"].baselines["wer"]["wer"]
+    assert librispeech.value == 0.0201 and "Open ASR Leaderboard" in librispeech.source
