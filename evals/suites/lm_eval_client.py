@@ -66,7 +66,7 @@ def observed_model_class(chat: bool = False) -> type:
         def add_partial(self, attr: str, req: Any, res: Any) -> None:
             self.listener.on_answer(attr, req[0], res)
 
-    class ObservedModel(base):  # type: ignore[misc,valid-type]
+    class ObservedModel(base):
         def __init__(self, listener: Listener, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.set_cache_hook(AnswerHook(listener))

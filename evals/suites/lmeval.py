@@ -109,7 +109,7 @@ def _leaves(results: Mapping[str, Any], name: str) -> list[str]:
 def _prompt(entry: Mapping[str, Any]) -> str:
     args = entry.get("arguments")
     if isinstance(args, Mapping):
-        first = next(iter(args.values()), {})
+        first: Any = next(iter(args.values()), {})
         return str(first.get("arg_0", "")) if isinstance(first, Mapping) else ""
     if isinstance(args, Sequence) and args and isinstance(args[0], Sequence):
         return str(args[0][0])
