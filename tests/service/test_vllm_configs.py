@@ -141,3 +141,26 @@ def test_shipped_whisper_profiles_carry_published_baselines() -> None:
     assert threshold(rule) == pytest.approx((12.744980 + 0.1 + 0.01 * 12.744980) / 100, abs=1e-6)
     librispeech = profiles["whisper-large-v3"].baselines["wer"]["wer"]
     assert librispeech.value == 0.0201 and "Open ASR Leaderboard" in librispeech.source
+
+
+def test_the_service_serves_vllm_configs_as_profiles_with_their_baselines(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        profiles_dir=profiles,
+        start_worker=False,
+        vllm_configs=[CONFIGS / "models-large.txt"],
+    )
+    with TestClient(create_app(settings)) as client:
+        names = {p["name"] for p in client.get("/api/v1/profiles").json()}
+        assert names == {"meta-llama-3-70b-instruct", "mixtral-8x7b-instruct-v0.1", "qwen2-57b-a14-instruct"}
+        seeded = client.get("/api/v1/baselines", params={"profile": "mixtral-8x7b-instruct-v0.1"}).json()
+    rows = {b["metric"]: b for b in seeded}
+    assert set(rows) == {"gsm8k:exact_match,strict-match", "gsm8k:exact_match,flexible-extract"}
+    strict = rows["gsm8k:exact_match,strict-match"]
+    assert (strict["value"], strict["tolerance_kind"], strict["tolerance"]) == (0.616, "relative", 0.08)
