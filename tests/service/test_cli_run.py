@@ -73,7 +73,7 @@ def test_run_a_vllm_format_config_here(tmp_path: Path) -> None:
         text=True,
         timeout=1200,
     )
-    assert done.returncode in (0, 1), done.stdout[-4000:] + done.stderr[-4000:]
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     with session_scope(f"sqlite:///{tmp_path / 'data' / 'kvcanary.db'}") as session:
         run = session.scalars(select(Run)).one()
         results = {r.metric: r for r in session.scalars(select(SuiteResult).where(SuiteResult.run_id == run.id))}
@@ -83,5 +83,7 @@ def test_run_a_vllm_format_config_here(tmp_path: Path) -> None:
         for result in results.values():
             assert result.baseline_value == 0.9 and result.threshold == pytest.approx(0.9 * 0.92)
             assert "vLLM's own rule (measured >= 0.9 * (1 - 0.08) = 0.8280)" in result.explanation
-            assert result.details["vllm_rule"] == ("pass" if result.value >= 0.828 else "fail")
-        assert run.status == ("passed" if done.returncode == 0 else "failed"), done.stdout[-2000:]
+            # vLLM's rule passes 40 items; kvcanary says they cannot see a drop the size of the tolerance.
+            assert result.value >= 0.9 and result.details["vllm_rule"] == "pass"
+            assert result.verdict == "inconclusive" and "add items to decide" in result.explanation
+        assert run.status == "passed", done.stdout[-2000:]
