@@ -193,10 +193,12 @@ def run(context: SuiteContext) -> SuiteOutcome:
         num_concurrent=config.concurrency,
         max_retries=config.max_retries,
         timeout=int(config.request_timeout_s),
-        # Log-likelihood needs the context length in tokens: the served model's own tokenizer.
+        # Log-likelihood needs the context length in tokens: the served model's own tokenizer,
+        # adding its special tokens (BOS) as the server does for text and vLLM's harness does.
         tokenized_requests=not chat,
         tokenizer_backend=None if chat else "huggingface",
         tokenizer=context.model_path,
+        add_bos_token=True,
     )
     try:
         results = simple_evaluate(
