@@ -335,6 +335,9 @@ def _decide(
         sentences.append(f"It {state} the threshold {_fmt(kind, line)} ({_rule_text(kind, rule, origin)}).")
     elif paired is not None:
         sentences.append("No baseline tolerance applies, so the paired test alone decides.")
+    vllm_rule = _vllm_rule(measured, baseline)
+    if vllm_rule is not None:
+        sentences.append(vllm_rule[1])
 
     significant = paired is not None and paired.regressed and paired.p_value < alpha
     if paired is not None:
@@ -390,9 +393,30 @@ def _decide(
         "p_value": paired.p_value if paired is not None else None,
         **(paired.details if paired is not None else {}),
         "baseline_source": baseline.source if baseline is not None else None,
+        "vllm_rule": vllm_rule[0] if vllm_rule is not None else None,
     }
     return MetricJudgement(
         suite, metric, verdict, measured.value, measured.n, base_value, line, " ".join([head, *sentences]), details
+    )
+
+
+def _vllm_rule(measured: _Measured, baseline: Baseline | None) -> tuple[str, str] | None:
+    """vLLM's own CI rule, where the baseline is one (relative, higher is better): `pass`/`fail` and why.
+
+    vLLM's lm-eval gate passes when measured >= value * (1 - rtol), with no regard to sample
+    size or pairing; saying it beside kvcanary's verdict shows what the stricter checks add.
+    """
+    if baseline is None or baseline.value is None or baseline.tolerance_kind != "relative":
+        return None
+    if baseline.direction != "higher":
+        return None
+    line = baseline.value * (1 - baseline.tolerance)
+    passed = measured.value >= line - _FLOAT_SLACK
+    verb = "passed" if passed else "failed"
+    return (
+        "pass" if passed else "fail",
+        f"vLLM's own rule (measured >= {baseline.value:g} * (1 - {baseline.tolerance:g}) = {line:.4f}) "
+        f"would have {verb} it.",
     )
 
 

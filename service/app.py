@@ -15,7 +15,7 @@ from service.api import catalog, compare, errors, ops, runs, schedules, tokens
 from service.api.gate import Admission, RequestGate
 from service.db.migrate import upgrade
 from service.db.session import session_scope
-from service.profiles import load_profiles
+from service.profile_catalog import configured_profiles
 from service.runs.worker import LocalWorker
 from service.scheduling.loop import Scheduler
 from service.settings import Settings, get_settings
@@ -35,7 +35,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         settings.runs_dir().mkdir(mode=0o700, exist_ok=True)
         upgrade(url)
-        profiles = load_profiles(settings.profiles_dir)
+        profiles = configured_profiles(settings)
         with session_scope(url) as session:
             baselines.seed_from_profiles(session, profiles)
         app.state.settings = settings

@@ -13,7 +13,7 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import httpx
 import typer
@@ -25,13 +25,18 @@ from service.runs.state import FINAL
 from service.scheduling.cli import app as schedules_app
 from service.schemas import RunDetail, parse_label_pairs
 
+if TYPE_CHECKING:
+    from service.profile_catalog import Catalog
+
 app = typer.Typer(help="kvcanary: end-to-end accuracy gate for vLLM attention kernels", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema", no_args_is_help=True)
 tokens_app = typer.Typer(help="API tokens", no_args_is_help=True)
 baselines_app = typer.Typer(help="Baselines and reference runs", no_args_is_help=True)
+profiles_app = typer.Typer(help="Profiles, including vLLM lm-eval configs read as profiles", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(baselines_app, name="baselines")
+app.add_typer(profiles_app, name="profiles")
 app.add_typer(schedules_app, name="schedules")
 
 console = cli_console()
@@ -151,6 +156,50 @@ def tokens_revoke(token_id: Annotated[int, typer.Argument(help="The id `kvcanary
     console.print(f"revoked token {token_id} ({row.name}, {row.role})")
 
 
+def _catalog() -> Catalog:
+    from service.profile_catalog import load_catalog
+    from service.profiles import ProfileError
+    from service.settings import get_settings
+
+    try:
+        return load_catalog(get_settings())
+    except ProfileError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(EXIT_ERROR) from exc
+
+
+@profiles_app.command("list")
+def profiles_list() -> None:
+    """Every profile by name and where it comes from; vLLM files left out, with the reason."""
+    catalog = _catalog()
+    for name, profile in sorted(catalog.profiles.items()):
+        origin = f"vLLM config {catalog.vllm[name].path}" if name in catalog.vllm else "kvcanary profile"
+        typer.echo(f"{name}: {profile.model} ({origin})")
+    for problem in catalog.problems:
+        typer.echo(f"note: {problem}")
+
+
+@profiles_app.command("show")
+def profiles_show(name: str) -> None:
+    """How a profile was understood: for a vLLM config, where each key went and what was not applied."""
+    catalog = _catalog()
+    key = name.lower()
+    if key not in catalog.profiles:
+        console.print(f"[red]unknown profile {name!r}; known profiles: {', '.join(sorted(catalog.profiles))}[/red]")
+        raise typer.Exit(EXIT_ERROR)
+    vllm = catalog.vllm.get(key)
+    if vllm is not None:
+        typer.echo(f"source: vLLM lm-eval config {vllm.path}")
+        for source_key, target in vllm.understood:
+            typer.echo(f"  {source_key} -> {target}")
+        for note in vllm.notes:
+            typer.echo(f"  {note.key}: {note.reason}")
+    import yaml
+
+    dumped = catalog.profiles[key].model_dump(mode="json", exclude_defaults=False)
+    typer.echo(yaml.safe_dump(dumped, sort_keys=False))
+
+
 @baselines_app.command("list")
 def baselines_list(profile: Annotated[str | None, typer.Argument()] = None) -> None:
     from service import baselines
@@ -171,11 +220,11 @@ def baselines_promote(
     """Make a finished run the paired reference for every metric it reported."""
     from service import baselines
     from service.db.session import session_scope
-    from service.profiles import load_profiles
+    from service.profile_catalog import configured_profiles
     from service.settings import get_settings
 
     settings = get_settings()
-    profiles = load_profiles(settings.profiles_dir)
+    profiles = configured_profiles(settings)
     with session_scope(_prepared_db()) as session:
         try:
             changed = baselines.promote(session, run_id, by, profiles)
@@ -199,7 +248,8 @@ def run(
     from service.db.models import Run
     from service.db.session import session_scope
     from service.engine import gpus
-    from service.profiles import ProfileError, RunOverrides, apply_overrides, load_profiles
+    from service.profile_catalog import configured_profiles
+    from service.profiles import ProfileError, RunOverrides, apply_overrides
     from service.runs import pipeline, queries, queue
     from service.runs.worker import new_worker_id
     from service.settings import get_settings
@@ -207,7 +257,7 @@ def run(
     settings = get_settings()
     url = _prepared_db()
     try:
-        profiles = load_profiles(settings.profiles_dir)
+        profiles = configured_profiles(settings)
     except ProfileError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(EXIT_ERROR) from exc

@@ -123,7 +123,8 @@ class Profile(Strict):
         for suite_name, metrics in self.baselines.items():
             if suite_name not in listed:
                 raise ValueError(f"baselines for suite {suite_name!r}, which the profile does not run")
-            known = suite_registry.get(suite_name).metrics
+            entry = next(e for e in self.suites if e.suite == suite_name)
+            known = suite_registry.get(suite_name).metric_names(entry.config())
             for metric in metrics:
                 if metric not in known:
                     raise ValueError(f"baseline for unknown metric {suite_name}.{metric}; known: {', '.join(known)}")
@@ -133,7 +134,7 @@ class Profile(Strict):
         return {entry.suite: entry.config() for entry in self.suites}
 
 
-def _describe(error: ValidationError) -> str:
+def describe(error: ValidationError) -> str:
     parts = []
     for item in error.errors():
         where = ".".join(str(p) for p in item["loc"]) or "(top level)"
@@ -155,7 +156,7 @@ def load_profile(path: Path) -> Profile:
     try:
         return Profile.model_validate(raw)
     except ValidationError as exc:
-        raise ProfileError(f"{path}: {_describe(exc)}") from exc
+        raise ProfileError(f"{path}: {describe(exc)}") from exc
     except (KeyError, ValueError) as exc:
         raise ProfileError(f"{path}: {exc}") from exc
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PACKAGED_PROFILES = Path(__file__).resolve().parent / "profiles"
 
@@ -19,6 +20,13 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path(".kvcanary"), description="Runs' folders, engine logs and the SQLite file")
     database_url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite (WAL) in data_dir")
     profiles_dir: Path = Field(PACKAGED_PROFILES, description="Folder of profile YAML files")
+    vllm_configs: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="vLLM lm-eval configs read as profiles: files, folders or models-*.txt lists, os.pathsep-separated",
+    )
+    vllm_tensor_parallel_size: int = Field(
+        1, ge=1, le=64, description="Tensor parallel size for vLLM configs (vLLM's harness takes it as --tp-size)"
+    )
     engine_python: str = Field(sys.executable, description="Python that has vLLM installed")
     host: str = "127.0.0.1"
     port: int = 8080
@@ -40,6 +48,13 @@ class Settings(BaseSettings):
     alert_attempts: int = Field(4, ge=1, le=10, description="Tries per webhook and alert")
     alert_backoff_s: float = Field(2.0, ge=0, description="Wait before the 2nd try; doubles each try")
     alert_poll_s: float = Field(5.0, gt=0, description="How often the alert watcher looks for finished runs")
+
+    @field_validator("vllm_configs", mode="before")
+    @classmethod
+    def _split_paths(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [Path(part) for part in value.split(os.pathsep) if part.strip()]
+        return value
 
     def resolved_database_url(self) -> str:
         if self.database_url:

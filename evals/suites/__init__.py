@@ -6,7 +6,7 @@ import importlib
 
 from evals.suites.base import SuiteDefinition
 
-_MODULES = ("evals.suites.gsm8k", "evals.suites.wer")
+_MODULES = ("evals.suites.gsm8k", "evals.suites.lmeval", "evals.suites.wer")
 
 
 def registry() -> dict[str, SuiteDefinition]:

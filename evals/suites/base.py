@@ -95,12 +95,23 @@ class SuiteConfig(BaseModel):
     request_timeout_s: float = 600.0
     max_empty_response_rate: float = 0.2
 
+    def metric_names(self) -> tuple[str, ...]:
+        """Metrics this config reports, for suites whose metrics depend on it (see SuiteDefinition)."""
+        return ()
+
 
 @dataclass(frozen=True)
 class SuiteDefinition:
-    """A registered evaluation: profiles name it; `metrics` are the names it reports."""
+    """A registered evaluation: profiles name it; `metrics` are the names it reports.
+
+    Empty `metrics` means the profile's config names them (`SuiteConfig.metric_names`), as
+    the generic lm-eval suite does for whatever tasks it is given.
+    """
 
     name: str
     config_model: type[SuiteConfig]
     metrics: tuple[str, ...]
     run: Callable[[SuiteContext], SuiteOutcome]
+
+    def metric_names(self, config: SuiteConfig) -> tuple[str, ...]:
+        return self.metrics or config.metric_names()

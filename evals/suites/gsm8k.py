@@ -2,10 +2,11 @@
 
 lm-eval builds the prompts (n-shot), sends them, filters the answers (strict-match and
 flexible-extract) and computes the metrics with their stderr; this module adds what a run
-needs around it. A subclass of `local-completions` sees every answer as it arrives: it reports
-progress, scores the answer with the task's own filters and emits the sample (so a run that
-dies keeps what it got), checks the run's stop flag before each request, and answers prompts
-that an earlier attempt already stored (`context.done_samples`) without asking the server.
+needs around it. The observed `local-completions` model (`lm_eval_client`) hands every answer
+to a collector as it arrives, which reports progress, scores the answer with the task's own
+filters and emits the sample (so a run that dies keeps what it got); the model checks the
+run's stop flag before each request and answers prompts that an earlier attempt already
+stored (`context.done_samples`) without asking the server.
 
 The data is the hub's `openai/gsm8k` (production) or a local mirror (JSONL or parquet with
 `question` and `answer`), through a task YAML in the work folder that includes the stock one.
@@ -13,14 +14,11 @@ The data is the hub's `openai/gsm8k` (production) or a local mirror (JSONL or pa
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import hashlib
 import json
-import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -37,13 +35,18 @@ from evals.suites.base import (
     SuiteDefinition,
     SuiteOutcome,
 )
+from evals.suites.lm_eval_client import (
+    EMIT_EVERY,
+    EMIT_INTERVAL_S,
+    Stopped,
+    known_answers,
+    lm_eval_log_to,
+    observed_model_class,
+)
 
 TASK = "gsm8k"
 FILTERS = ("strict-match", "flexible-extract")
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-EMIT_EVERY = 32
-EMIT_INTERVAL_S = 2.0
-STOP_POLL_S = 0.2
 
 
 class Gsm8kConfig(SuiteConfig):
@@ -135,75 +138,6 @@ def score(task: Any, instance: Any, response: str) -> Sample:
     )
 
 
-class _Stopped(BaseException):
-    """The run's stop flag was seen. A BaseException so lm-eval's retry loop (which retries
-    every Exception) lets it through at once instead of retrying it."""
-
-
-async def _stop_seen(context: SuiteContext) -> None:
-    """Returns once the run's stop flag is set (engine dead or run cancelled)."""
-    while not context.should_stop():
-        await asyncio.sleep(STOP_POLL_S)
-
-
-def _observed_completions_class() -> type:
-    """`local-completions` that tells a `_Collector` about every request and answer, checks
-    the stop flag before each request, and answers prompts the collector already knows."""
-    from lm_eval.api.model import CacheHook
-    from lm_eval.models.openai_completions import LocalCompletionsAPI
-
-    class AnswerHook(CacheHook):
-        """lm-eval calls its cache hook once per answer, as it arrives, on every request path."""
-
-        def __init__(self, collector: _Collector) -> None:
-            super().__init__(None)
-            self.collector = collector
-
-        def add_partial(self, attr: str, req: Any, res: Any) -> None:
-            if attr == "generate_until":
-                self.collector.on_answer(req[0], res)
-
-    class ObservedCompletions(LocalCompletionsAPI):
-        def __init__(self, collector: _Collector, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            self.set_cache_hook(AnswerHook(collector))
-            self._collector = collector
-            self._gate: asyncio.Semaphore | None = None
-
-        def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-            known = self._collector.expect(requests)
-            todo = [r for r in requests if r.args[0] not in known]
-            fresh = iter(super().generate_until(todo, disable_tqdm) if todo else [])
-            return [known[r.args[0]] if r.args[0] in known else next(fresh) for r in requests]
-
-        def model_call(self, messages: Any, **kwargs: Any) -> Any:
-            if self._collector.context.should_stop():
-                raise _Stopped
-            return super().model_call(messages, **kwargs)
-
-        async def get_batched_requests(self, requests: list[Any], cache_keys: list[Any], **kwargs: Any) -> Any:
-            # lm-eval takes its semaphore inside amodel_call, after our check could run;
-            # this gate of the same size makes the stop check happen right before sending.
-            self._gate = asyncio.Semaphore(self._concurrent)
-            return await super().get_batched_requests(requests, cache_keys, **kwargs)
-
-        async def amodel_call(self, session: Any, sem: Any, messages: Any, **kwargs: Any) -> Any:
-            assert self._gate is not None
-            async with self._gate:
-                if self._collector.context.should_stop():
-                    raise _Stopped
-                call = asyncio.ensure_future(super().amodel_call(session, sem, messages, **kwargs))
-                stopped = asyncio.ensure_future(_stop_seen(self._collector.context))
-                await asyncio.wait({call, stopped}, return_when=asyncio.FIRST_COMPLETED)
-                if call.done():
-                    stopped.cancel()
-                    return call.result()
-                call.cancel()  # lm-eval would retry a dead engine max_retries times, with backoff
-                raise _Stopped
-
-    return ObservedCompletions
-
-
 class _Collector:
     """Scores answers as they arrive, reports progress, and hands samples out in small batches."""
 
@@ -228,7 +162,9 @@ class _Collector:
         self.context.progress(len(self.samples), self.total)
         return self.known
 
-    def on_answer(self, prompt: str, response: str) -> None:
+    def on_answer(self, kind: str, prompt: str, response: Any) -> None:
+        if kind != "generate_until":
+            return
         for instance in self.by_prompt.get(prompt, []):
             sample = score(self.task, instance, response)
             self.samples[sample.key] = sample
@@ -242,15 +178,6 @@ class _Collector:
             self.context.emit_samples(self.pending)
             self.pending = []
         self.last_emit = time.monotonic()
-
-
-def _known_answers(context: SuiteContext) -> dict[str, str]:
-    """Answers an earlier attempt stored, keyed by the exact prompt they were given for."""
-    return {
-        s.prompt: s.response
-        for s in context.done_samples.values()
-        if s.prompt and s.error is None and hashlib.sha256(s.prompt.encode()).hexdigest() == s.prompt_hash
-    }
 
 
 def _metrics(results: Mapping[str, Any], n: int) -> list[MetricValue]:
@@ -269,33 +196,14 @@ def _metrics(results: Mapping[str, Any], n: int) -> list[MetricValue]:
     return metrics
 
 
-@contextlib.contextmanager
-def _lm_eval_log_to(path: Path) -> Iterator[None]:
-    """lm-eval's log lines (one retry warning per failed request) go to the suite's folder.
-
-    A run's terminal and the service's log show the run's progress and result; what lm-eval
-    said is kept beside its samples for whoever needs it.
-    """
-    logger = logging.getLogger("lm_eval")
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    saved = logger.handlers[:], logger.propagate
-    logger.handlers, logger.propagate = [handler], False
-    try:
-        yield
-    finally:
-        logger.handlers, logger.propagate = saved
-        handler.close()
-
-
 def run(context: SuiteContext) -> SuiteOutcome:
     from lm_eval import simple_evaluate
 
     config: Gsm8kConfig = context.config
     manager, task = load_task(config, context.work_dir)
-    known = _known_answers(context)
+    known = known_answers(context)
     collector = _Collector(context, task, known)
-    model = _observed_completions_class()(
+    model = observed_model_class()(
         collector,
         base_url=f"{context.server_url.rstrip('/')}/v1/completions",
         model=context.served_model_name,
@@ -306,7 +214,7 @@ def run(context: SuiteContext) -> SuiteOutcome:
         tokenizer_backend=None,
     )
     try:
-        with _lm_eval_log_to(context.work_dir / "lm_eval.log"):
+        with lm_eval_log_to(context.work_dir / "lm_eval.log"):
             results = simple_evaluate(
                 model=model,
                 tasks=[task],
@@ -316,7 +224,7 @@ def run(context: SuiteContext) -> SuiteOutcome:
                 log_samples=True,
                 fewshot_random_seed=config.fewshot_seed,
             )
-    except _Stopped:
+    except Stopped:
         raise SuiteAborted(f"gsm8k: stopped after {len(collector.samples)} of {collector.total} answers") from None
     except Exception as exc:
         if context.should_stop():

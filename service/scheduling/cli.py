@@ -13,7 +13,6 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from service.profiles import ProfileError, load_profiles
 from service.report import cli_console
 from service.settings import get_settings
 
@@ -61,12 +60,14 @@ def list_() -> None:
 
 def _set_enabled(name: str, enabled: bool) -> None:
     from service.db.session import session_scope
+    from service.profile_catalog import configured_profiles
+    from service.profiles import ProfileError
     from service.scheduling import schedules
     from service.scheduling.schemas import ScheduleUpdate
 
     settings = get_settings()
     try:
-        profiles = load_profiles(settings.profiles_dir)
+        profiles = configured_profiles(settings)
         with session_scope(_db()) as session:
             out = schedules.update(session, ScheduleUpdate(name=name, enabled=enabled), profiles)
     except (schedules.ScheduleError, ProfileError) as exc:
@@ -96,12 +97,14 @@ def fire_now(
     """Fire a schedule at this second, as its cron would. Exit 0 queued, 1 skipped (reason printed), 2 error."""
     from service.db.models import utcnow
     from service.db.session import session_scope
+    from service.profile_catalog import configured_profiles
+    from service.profiles import ProfileError
     from service.scheduling import schedules
 
     settings = get_settings()
     url = _db()
     try:
-        profiles = load_profiles(settings.profiles_dir)
+        profiles = configured_profiles(settings)
         with session_scope(url) as session:
             schedule_id = schedules.get(session, name).id
     except (schedules.ScheduleError, ProfileError) as exc:

@@ -191,3 +191,19 @@ def test_run_verdict_is_the_worst_metric() -> None:
         for combo in itertools.combinations_with_replacement(order, size):
             expected = max(combo, key=order.index)
             assert run_verdict([_judgement(v) for v in combo]) == expected
+
+
+def test_vllm_rule_is_said_beside_kvcanarys_verdict() -> None:
+    """A vLLM config's baseline (relative, rtol 0.08): vLLM passes a detectable drop that McNemar fails."""
+    vllm_config = Baseline(0.756, "higher", "relative", 0.08, "vLLM lm-eval config Meta-Llama-3-8B-Instruct.yaml")
+    reference = _questions(1319, 997)  # 0.7559
+    dropped = _flip(reference, down=60, up=0)  # 0.7104, above 0.756 * 0.92 = 0.6955
+    j = judge_accuracy("lm-eval", "gsm8k:exact_match,strict-match", dropped, vllm_config, reference)
+    assert j.verdict == "fail" and j.details["vllm_rule"] == "pass"
+    assert "vLLM's own rule (measured >= 0.756 * (1 - 0.08) = 0.6955) would have passed it." in j.explanation
+    broken = judge_accuracy("lm-eval", "gsm8k:exact_match,strict-match", _questions(100, 60), vllm_config)
+    assert broken.verdict == "fail" and broken.details["vllm_rule"] == "fail"
+    assert "would have failed it" in broken.explanation
+    # Absolute tolerances and lower-is-better metrics are kvcanary's own rules: no vLLM sentence.
+    assert judge_accuracy("gsm8k", "strict-match", _questions(100, 90), GSM8K).details["vllm_rule"] is None
+    assert "vLLM's own rule" not in judge_accuracy("gsm8k", "strict-match", _questions(100, 90), GSM8K).explanation

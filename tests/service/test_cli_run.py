@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from service.db.models import Run
+from service.db.models import Run, SuiteResult
 from service.db.models import Sample as SampleRow
 from service.db.session import session_scope
 from tests.conftest import OFFLINE_ENV
@@ -55,3 +55,35 @@ def test_run_whisper_fixture_profile_here(tmp_path: Path) -> None:
         )
     case = ET.parse(junit).getroot().find("testcase")
     assert case is not None and case.get("name") == "wer [fixed]" and case.find("failure") is None
+
+
+def test_run_a_vllm_format_config_here(tmp_path: Path) -> None:
+    """A vLLM lm-eval config, as vLLM writes them, on the project's fixture model and tasks."""
+    config = Path(__file__).resolve().parents[1] / "data" / "vllm-fixture-configs" / "gsm8k-tiny-arith.yaml"
+    env = {
+        **os.environ,
+        **OFFLINE_ENV,
+        "KVCANARY_DATA_DIR": str(tmp_path / "data"),
+        "KVCANARY_VLLM_CONFIGS": str(config),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "service", "run", "gsm8k-tiny-arith"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    with session_scope(f"sqlite:///{tmp_path / 'data' / 'kvcanary.db'}") as session:
+        run = session.scalars(select(Run)).one()
+        results = {r.metric: r for r in session.scalars(select(SuiteResult).where(SuiteResult.run_id == run.id))}
+        samples = session.scalars(select(SampleRow).where(SampleRow.run_id == run.id)).all()
+        assert set(results) == {"kvcanary_arith_mc:acc,none", "kvcanary_arith_final:exact_match,final-number"}
+        assert len(samples) == 80 and all(r.suite == "lm-eval" for r in results.values())
+        for result in results.values():
+            assert result.baseline_value == 0.9 and result.threshold == pytest.approx(0.9 * 0.92)
+            assert "vLLM's own rule (measured >= 0.9 * (1 - 0.08) = 0.8280)" in result.explanation
+            # vLLM's rule passes 40 items; kvcanary says they cannot see a drop the size of the tolerance.
+            assert result.value >= 0.9 and result.details["vllm_rule"] == "pass"
+            assert result.verdict == "inconclusive" and "add items to decide" in result.explanation
+        assert run.status == "passed", done.stdout[-2000:]

@@ -1,0 +1,95 @@
+"""The generic lm-eval suite: the project's own tasks offline, then real runs on the fixture engine.
+
+Two tasks other than GSM8k, on data built from the committed synthetic problems: a 4-way
+multiple choice (log-likelihood requests, which need vLLM to return prompt logprobs through
+`echo`) and a generation task scored on the final number.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from evals.fixtures.gsm8k_data import TEST_FILE, read_jsonl
+from evals.suites import lmeval
+from evals.suites.base import SuiteAborted
+from service.engine import Engine
+from tests.evals.test_gsm8k_suite import Recorder
+
+MC, FINAL = "kvcanary_arith_mc", "kvcanary_arith_final"
+METRICS = {f"{MC}:acc,none", f"{MC}:acc_norm,none", f"{FINAL}:exact_match,final-number"}
+
+
+def config(**fields: object) -> lmeval.LmEvalConfig:
+    return lmeval.LmEvalConfig.model_validate(
+        {
+            "tasks": [
+                {"name": MC, "metrics": ["acc,none", "acc_norm,none"]},
+                {"name": FINAL, "metrics": ["exact_match,final-number"]},
+            ],
+            "num_fewshot": 2,
+            **fields,
+        }
+    )
+
+
+def test_project_tasks_load_offline_without_indexing_lm_evals_own() -> None:
+    manager = lmeval.task_manager(config())
+    assert {MC, FINAL} <= set(manager.all_tasks) and "gsm8k" not in manager.all_tasks
+    tasks = manager.load([MC, FINAL])["tasks"]
+    docs, problems = tasks[MC].test_docs(), read_jsonl(TEST_FILE)
+    assert len(docs) == len(problems) == 200
+    labels = set()
+    for doc, problem in zip(docs, problems, strict=True):
+        right = [c for c in doc["choices"] if c == problem["answer"]]
+        assert len(right) == 1 and doc["choices"][doc["label"]] == problem["answer"]
+        assert len(set(doc["choices"])) == 4
+        labels.add(doc["label"])
+    assert labels == {0, 1, 2, 3}
+    assert tasks[FINAL].test_docs()[0]["result"] == problems[0]["answer"].rsplit("#### ", 1)[1]
+    assert config().metric_names() == (f"{MC}:acc,none", f"{MC}:acc_norm,none", f"{FINAL}:exact_match,final-number")
+
+
+@pytest.mark.engine
+def test_two_tasks_through_the_served_model(gsm8k_engine: Engine, tmp_path: Path) -> None:
+    recorder = Recorder()
+    outcome = lmeval.run(recorder.context(gsm8k_engine, config(limit=30), tmp_path))
+
+    metrics = {m.name: m for m in outcome.metrics}
+    assert set(metrics) == METRICS and all(m.direction == "higher" for m in metrics.values())
+    samples = list(outcome.samples)
+    assert sorted(recorder.emitted, key=lambda s: s.key) == samples
+    by_task = {task: [s for s in samples if s.key.startswith(task)] for task in (MC, FINAL)}
+    assert len(by_task[MC]) == len(by_task[FINAL]) == 30
+    for name, metric in metrics.items():
+        flags = [s.correct[name] for s in samples if name in s.correct]
+        assert metric.n == len(flags) == 30 and metric.value == pytest.approx(sum(flags) / 30), name
+        assert metric.stderr is not None
+    # The tiny model was trained on these worked answers: it ranks the right one first far
+    # above the 1-in-4 chance, which it could not if the prompt logprobs were misaligned.
+    assert metrics[f"{MC}:acc,none"].value >= 0.6, metrics
+    for sample in by_task[MC]:
+        assert sample.prompt == "" and len(json.loads(sample.response)) == 4  # four log-likelihoods
+    problems = read_jsonl(TEST_FILE)
+    for sample in by_task[FINAL]:
+        doc = problems[int(sample.key.rsplit("-", 1)[1])]
+        assert sample.prompt.endswith(f"Question: {doc['question']}\nAnswer:")
+        assert sample.prompt_hash == hashlib.sha256(sample.prompt.encode()).hexdigest()
+        number = re.search(r"#### (-?\d+)", sample.response)
+        assert sample.correct[f"{FINAL}:exact_match,final-number"] == (
+            number is not None and number.group(1) == sample.target
+        )
+    assert outcome.empty_response_rate == 0.0
+    assert recorder.progress[-1][0] == recorder.progress[-1][1] == 30 * 4 + 30
+
+
+@pytest.mark.engine
+def test_stop_flag_ends_the_suite(gsm8k_engine: Engine, tmp_path: Path) -> None:
+    recorder = Recorder(stop_after=5)
+    with pytest.raises(SuiteAborted, match="stopped after"):
+        lmeval.run(recorder.context(gsm8k_engine, config(limit=40, concurrency=2), tmp_path))
+    assert recorder.progress[-1][0] < recorder.progress[-1][1]
