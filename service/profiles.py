@@ -122,7 +122,7 @@ class Profile(Strict):
         for suite_name, metrics in self.baselines.items():
             if suite_name not in listed:
                 raise ValueError(f"baselines for suite {suite_name!r}, which the profile does not run")
-            known = suite_registry.get(suite_name).metrics
+            known = suite_registry.get(suite_name).metric_names()
             for metric in metrics:
                 if metric not in known:
                     raise ValueError(f"baseline for unknown metric {suite_name}.{metric}; known: {', '.join(known)}")

@@ -3,6 +3,8 @@
 A suite gets a live OpenAI-compatible server URL and a `SuiteContext`, and returns a
 `SuiteOutcome`. It knows no HTTP layer of ours and no database: samples leave through
 `context.emit_samples` as they are finished, so a run that dies mid-suite keeps them.
+It declares every metric it reports with its kind (`evals.metric_kinds`): scoring, run
+diffs, the sample store and the dashboard read, judge and show a metric through its kind.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+
+from evals.metric_kinds import MetricKind
 
 
 class SuiteAborted(RuntimeError):
@@ -97,10 +101,36 @@ class SuiteConfig(BaseModel):
 
 
 @dataclass(frozen=True)
+class MetricSpec:
+    """One metric a suite reports, by name, and the kind that reads, judges and diffs it."""
+
+    name: str
+    kind: MetricKind
+
+
+@dataclass(frozen=True)
 class SuiteDefinition:
-    """A registered evaluation: profiles name it; `metrics` are the names it reports."""
+    """A registered evaluation: profiles name it; `metrics` declare what it reports, primary first."""
 
     name: str
     config_model: type[SuiteConfig]
-    metrics: tuple[str, ...]
+    metrics: tuple[MetricSpec, ...]
     run: Callable[[SuiteContext], SuiteOutcome]
+
+    def metric_names(self) -> tuple[str, ...]:
+        return tuple(spec.name for spec in self.metrics)
+
+    def kind_of(self, metric: str) -> MetricKind:
+        for spec in self.metrics:
+            if spec.name == metric:
+                return spec.kind
+        raise KeyError(
+            f"suite {self.name!r} declares no metric {metric!r}; it reports {', '.join(self.metric_names())}"
+        )
+
+    def kinds(self) -> dict[MetricKind, list[str]]:
+        """Each kind the suite reports, in declaration order, with its metric names."""
+        found: dict[MetricKind, list[str]] = {}
+        for spec in self.metrics:
+            found.setdefault(spec.kind, []).append(spec.name)
+        return found

@@ -22,7 +22,9 @@ import httpx
 from pydantic import model_validator
 
 from evals import stats
+from evals.metric_kinds import WER
 from evals.suites.base import (
+    MetricSpec,
     MetricValue,
     Sample,
     SuiteAborted,
@@ -300,4 +302,4 @@ def run(context: SuiteContext) -> SuiteOutcome:
     )
 
 
-DEFINITION = SuiteDefinition(name="wer", config_model=WerConfig, metrics=("wer",), run=run)
+DEFINITION = SuiteDefinition(name="wer", config_model=WerConfig, metrics=(MetricSpec("wer", WER),), run=run)

@@ -14,6 +14,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from evals import suites as suite_registry
+from evals.metric_kinds import ACCURACY
 from service.api.deps import Caller, SessionDep
 from service.auth import Role, allows
 from service.dashboard.access import PageCaller
@@ -112,6 +114,13 @@ def run_page(run_id: int, request: Request, caller: PageCaller, session: Session
     )
 
 
+def _shown_kind(suite: str) -> str:
+    """The kind of the suite's primary metric picks the samples view; a suite no longer registered
+    is shown as items (key, prompt, response, flags), which every stored sample has."""
+    definition = suite_registry.registry().get(suite)
+    return (definition.metrics[0].kind if definition else ACCURACY).name
+
+
 @router.get("/runs/{run_id}/samples", response_class=HTMLResponse)
 def samples_page(
     run_id: int,
@@ -125,7 +134,7 @@ def samples_page(
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=max(PAGE_SIZES))] = 50,
 ) -> HTMLResponse:
-    """Wrong answers first (GSM8k), worst utterances first (WER), one suite and arm at a time."""
+    """One suite and arm at a time, in the view of its primary metric's kind (worst samples first)."""
     run = _run(session, run_id)
     if run is None:
         return _missing(request, caller, f"Run {run_id} does not exist.")
@@ -142,7 +151,10 @@ def samples_page(
     )
     count = next(c for c in sample_counts(session, run_id) if (c.arm, c.suite) == (arm, suite))
     chosen = {"suite": suite, "arm": arm, "wrong_only": wrong_only, "q": q}
-    return page(request, "samples.html", caller, run=run, stored=stored, listing=listing, chosen=chosen, count=count)
+    kind = _shown_kind(suite)
+    return page(
+        request, "samples.html", caller, run=run, stored=stored, listing=listing, chosen=chosen, count=count, kind=kind
+    )
 
 
 @router.get("/compare", response_class=HTMLResponse)

@@ -114,7 +114,7 @@ def _run_suite(
 ) -> SuiteOutcome:
     definition = suite_registry.get(suite)
     config = profile.suite_configs()[suite]
-    primary = definition.metrics[0]
+    primary = definition.metrics[0].name
     with session_scope(url) as session:
         done = store.load_samples(session, run.id, arm, suite)
 
