@@ -191,3 +191,12 @@ def test_run_verdict_is_the_worst_metric() -> None:
         for combo in itertools.combinations_with_replacement(order, size):
             expected = max(combo, key=order.index)
             assert run_verdict([_judgement(v) for v in combo]) == expected
+
+
+def test_a_perfect_score_reports_the_exact_tests_mde() -> None:
+    perfect = _questions(200, 200)
+    j = judge_accuracy("gsm8k", "m", perfect, Baseline(1.0, "higher", "absolute", 0.01))
+    assert j.verdict == "pass" and j.details["mde"] == pytest.approx(1 - 0.2 ** (1 / 200))
+    assert "smallest regression it detects is 0.0080" in j.explanation
+    tight = judge_accuracy("gsm8k", "m", perfect, Baseline(1.0, "higher", "absolute", 0.005))
+    assert tight.verdict == "inconclusive" and "0.0080" in tight.explanation
