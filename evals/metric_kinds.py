@@ -35,6 +35,8 @@ class MetricKind:
     `diff(a, b, metrics, top)`: the run diff's section for this kind (a mapping of the
     `SuiteDiff` field named `name` to its content), or None when nothing is comparable.
     `passed(sample, metric)`: the per-sample good/bad flag the store indexes (None: unscored).
+    `severity(sample, metric)`: how bad a sample is, for pages that list the worst first (None: the
+    fixed columns order them already).
     """
 
     name: str
@@ -44,6 +46,7 @@ class MetricKind:
     judge: Judge
     diff: Callable[[Mapping[str, Any], Mapping[str, Any], Sequence[str], int], Any | None]
     passed: Callable[[SampleLike, str], bool | None]
+    severity: Callable[[SampleLike, str], float | None] = lambda _sample, _metric: None
 
 
 def _accuracy_diff(a: Mapping[str, Any], b: Mapping[str, Any], metrics: Sequence[str], top: int) -> Any | None:

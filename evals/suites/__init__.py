@@ -7,7 +7,7 @@ import importlib
 from evals.metric_kinds import MetricKind
 from evals.suites.base import SuiteDefinition
 
-_MODULES = ("evals.suites.gsm8k", "evals.suites.wer")
+_MODULES = ("evals.suites.gsm8k", "evals.suites.wer", "evals.suites.drift")
 
 
 def registry() -> dict[str, SuiteDefinition]:

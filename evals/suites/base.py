@@ -26,7 +26,7 @@ class SuiteAborted(RuntimeError):
 
 @dataclass(frozen=True)
 class Sample:
-    """One evaluated item. `correct` is set for accuracy suites, word counts for WER."""
+    """One evaluated item: `correct` for accuracy kinds, word counts for WER, `data` for others (drift)."""
 
     key: str
     prompt_hash: str
@@ -40,6 +40,7 @@ class Sample:
     insertions: int | None = None
     ref_words: int | None = None
     error: str | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)  # what a metric kind keeps beyond these fields
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,9 @@ class SuiteContext:
     run store at once; `done_samples` holds samples stored by an earlier, interrupted
     attempt of the same run, keyed by `Sample.key`, which a suite may reuse instead of
     asking the server again; `should_stop()` is true once the run was cancelled or the
-    engine died, and a suite checks it between requests.
+    engine died, and a suite checks it between requests. `reference_samples` are the same
+    suite's samples from what this arm is compared with (the first arm of an A/B run, else the
+    promoted reference run), for suites that compare outputs rather than scores (drift).
     """
 
     server_url: str
@@ -82,6 +85,7 @@ class SuiteContext:
     progress: Callable[[int, int], None] = lambda done, total: None
     emit_samples: Callable[[Sequence[Sample]], None] = lambda samples: None
     done_samples: Mapping[str, Sample] = field(default_factory=dict)
+    reference_samples: Mapping[str, Sample] = field(default_factory=dict)
     stop_event: threading.Event = field(default_factory=threading.Event)
 
     def should_stop(self) -> bool:

@@ -59,6 +59,22 @@ class WerDiffOut(BaseModel):
     changes: list[WerChangeOut] = Field(description="Largest change first, rises before falls")
 
 
+class DriftChangeOut(BaseModel):
+    key: str
+    first_divergence: int | None
+    close: bool = Field(description="The divergent tokens are in each other's top-k")
+    mean_abs_dlogprob: float
+    tokens_a: list[int]
+    tokens_b: list[int]
+
+
+class DriftDiffOut(BaseModel):
+    matched: int = Field(description="Prompts with a greedy output in both runs")
+    diverged: int
+    violations: int = Field(description="Divergences outside the close rule")
+    changes: list[DriftChangeOut] = Field(description="Violations first, then the earliest divergence")
+
+
 class SuiteDiff(BaseModel):
     """One suite's changes; each metric kind the suite declares fills the field of its name."""
 
@@ -67,6 +83,7 @@ class SuiteDiff(BaseModel):
     kinds: list[str] = Field(description="Every metric kind with a section here, in the suite's declaration order")
     accuracy: list[AccuracyDiffOut] = Field(default_factory=list, description="One entry per accuracy metric")
     wer: WerDiffOut | None = None
+    drift: DriftDiffOut | None = None
 
 
 class DiffSide(BaseModel):

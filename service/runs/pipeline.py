@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from evals import fixtures
 from evals import suites as suite_registry
 from evals.suites.base import Sample, SuiteAborted, SuiteContext, SuiteOutcome
@@ -109,14 +111,36 @@ def resolve_profile(profile: Profile, overrides: dict[str, Any]) -> Profile:
     return Profile.model_validate(data)
 
 
+def _compared_with(
+    session: Session, run: Run, control_arm: str | None, profile: Profile, suite: str, metric: str
+) -> dict[str, Sample]:
+    """What this arm's outputs are compared with: the control arm's samples in an A/B run, else
+    the promoted reference run's (none for the control arm itself or without a reference)."""
+    if control_arm is not None:
+        return store.load_samples(session, run.id, control_arm, suite)
+    if len(run.variants) > 1:
+        return {}
+    _, reference_run = scoring.baseline_for(session, profile.name, suite, metric)
+    found = scoring.reference_samples(session, reference_run, suite) if reference_run != run.id else None
+    return found or {}
+
+
 def _run_suite(
-    url: str, run: Run, arm: str, profile: Profile, engine: Engine, suite: str, work_dir: Path
+    url: str,
+    run: Run,
+    arm: str,
+    control_arm: str | None,
+    profile: Profile,
+    engine: Engine,
+    suite: str,
+    work_dir: Path,
 ) -> SuiteOutcome:
     definition = suite_registry.get(suite)
     config = profile.suite_configs()[suite]
     primary = definition.metrics[0].name
     with session_scope(url) as session:
         done = store.load_samples(session, run.id, arm, suite)
+        compared_with = _compared_with(session, run, control_arm, profile, suite, primary)
 
     def emit(samples: Sequence[Sample]) -> None:
         with session_scope(url) as session:
@@ -132,6 +156,7 @@ def _run_suite(
         progress=_Progress(url, run.id, f"{arm}/{suite}" if len(run.variants) > 1 else suite),
         emit_samples=emit,
         done_samples=done,
+        reference_samples=compared_with,
         stop_event=engine.stop_event,
     )
     if done:
@@ -207,7 +232,9 @@ def execute(run_id: int, settings: Settings, profiles: dict[str, Profile], worke
             for entry in profile.suites:
                 began = time.monotonic()
                 try:
-                    outcome = _run_suite(url, run, arm, arm_profile, engine, entry.suite, run_dir / arm / entry.suite)
+                    control = arms[0] if index > 0 else None
+                    work = run_dir / arm / entry.suite
+                    outcome = _run_suite(url, run, arm, control, arm_profile, engine, entry.suite, work)
                 except SuiteAborted:
                     if watcher.cancelled.is_set():
                         raise RunCancelled("cancelled while suites ran") from None

@@ -57,7 +57,8 @@ def baseline_for(session: Session, profile: str, suite: str, metric: str) -> tup
     return baseline, row.reference_run_id
 
 
-def _reference_samples(session: Session, run_id: int | None, suite: str) -> dict[str, Sample] | None:
+def reference_samples(session: Session, run_id: int | None, suite: str) -> dict[str, Sample] | None:
+    """The samples of a reference run for one suite: its treatment arm, else its only arm."""
     if run_id is None:
         return None
     reference = session.get(Run, run_id)
@@ -93,7 +94,7 @@ def _judge(
     if not scores:
         return _no_samples(suite, metric)
     baseline, reference_run = baseline_for(session, profile.name, suite, metric.name)
-    reference = _reference_samples(session, reference_run, suite) if reference_run != run.id else None
+    reference = reference_samples(session, reference_run, suite) if reference_run != run.id else None
     reference_scores = kind.scores(reference, metric.name) if reference else None
     return kind.judge(suite, metric.name, scores, baseline, reference_scores)
 

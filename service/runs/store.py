@@ -29,8 +29,9 @@ def _word_errors(sample: SuiteSample) -> int | None:
 def save_samples(
     session: Session, run_id: int, arm: str, suite: str, primary_metric: str, samples: Sequence[SuiteSample]
 ) -> None:
-    """Insert or replace samples by (run, arm, suite, key); the primary metric's kind sets `is_correct`."""
-    passed = suite_registry.metric_kind(suite, primary_metric).passed
+    """Insert or replace samples by (run, arm, suite, key); the primary metric's kind sets `is_correct`
+    and `severity`."""
+    kind = suite_registry.metric_kind(suite, primary_metric)
     keys = [s.key for s in samples]
     if not keys:
         return
@@ -51,13 +52,15 @@ def save_samples(
             response=s.response,
             extracted=dict(s.extracted),
             correct={k: bool(v) for k, v in s.correct.items()},
-            is_correct=passed(s, primary_metric),
+            is_correct=kind.passed(s, primary_metric),
             substitutions=s.substitutions,
             deletions=s.deletions,
             insertions=s.insertions,
             ref_words=s.ref_words,
             word_errors=_word_errors(s),
             error=s.error,
+            data=dict(s.data),
+            severity=kind.severity(s, primary_metric),
         )
         for s in samples
     )
@@ -77,6 +80,7 @@ def to_suite_sample(row: SampleRow) -> SuiteSample:
         insertions=row.insertions,
         ref_words=row.ref_words,
         error=row.error,
+        data=dict(row.data or {}),
     )
 
 
