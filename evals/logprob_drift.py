@@ -30,7 +30,7 @@ from evals.verdict import POWER, Baseline, MetricJudgement, Verdict
 TopK = Mapping[int, float]  # token id -> logprob, at one position
 _TINY = 1e-12  # probability floor inside the KL so a token one arm rules out stays finite
 DEFAULT_KL_TOLERANCE = 0.01  # nats of mean KL over the floor, when no baseline gives one
-MIN_PROMPTS = 8  # fewer prompts than this never pass: the interval is not trusted below it
+MIN_PROMPTS = 8  # below this many prompts the KL interval decides nothing (inconclusive, not pass or fail)
 
 
 @dataclass(frozen=True)
@@ -200,8 +200,9 @@ def judge_drift(
     `fail` when any logprob is non-finite, when more prompts break the close rule than in the
     floor, or when the upper bound of the candidate's mean KL exceeds the floor's mean KL by
     more than the tolerance (the baseline's, else the suite's `kl_tolerance`) while the run is
-    large enough to see that much (its lower bound beyond it fails at any size);
-    `inconclusive` with the MDE in KL units when the prompts are too few; `pass` otherwise.
+    large enough to see that much (its lower bound beyond it fails whatever the MDE); the KL
+    rules need `MIN_PROMPTS` prompts with finite logprobs; `inconclusive` with the MDE in KL
+    units when the prompts are too few; `pass` otherwise.
     The reference arm itself (no candidate comparison) is `no_baseline`, its floor reported.
     """
     del reference, reference_label  # the floor travels with each compared row
@@ -266,8 +267,9 @@ def judge_drift(
         reasons.append(f"{len(nonfinite)} prompts have non-finite logprobs ({', '.join(nonfinite[:5])})")
     if violations > floor_violations:
         reasons.append(f"{violations} close-rule violations exceed the floor's {floor_violations}")
-    mde_short = mde <= tolerance and n >= MIN_PROMPTS
-    if low > line:
+    enough = len(scored) >= MIN_PROMPTS  # a bootstrap over fewer prompts has no spread to trust
+    mde_short = mde <= tolerance and enough
+    if low > line and enough:
         reasons.append(f"its KL lower bound {low:.3g} exceeds floor + tolerance {line:.3g}")
     elif high > line and mde_short:
         reasons.append(f"its KL upper bound {high:.3g} exceeds floor + tolerance {line:.3g}")
@@ -279,7 +281,7 @@ def judge_drift(
         tail = (
             f"It is inconclusive: at {n} prompts the smallest KL excess over the floor it detects is {mde:.3g} "
             f"nats ({POWER:.0%} power, alpha {alpha:g}), more than the tolerance {tolerance:.3g}"
-            f"{'' if n >= MIN_PROMPTS else f' (and fewer than {MIN_PROMPTS} prompts)'}: add prompts to decide."
+            f"{'' if enough else f' (and fewer than {MIN_PROMPTS} prompts)'}: add prompts to decide."
         )
     else:
         verdict = "pass"

@@ -91,6 +91,8 @@ def test_judge_is_inconclusive_with_the_mde_in_kl_when_prompts_are_too_few() -> 
     few = judge_drift("drift", "kl", _rows(3, 0.004), None)
     assert few.verdict == "inconclusive" and "add prompts" in few.explanation
     assert f"{few.details['mde']:.3g}" in few.explanation
+    one = judge_drift("drift", "kl", _rows(1, 0.5), None)  # a large KL on one prompt has no spread to judge
+    assert one.verdict == "inconclusive" and "fewer than 8 prompts" in one.explanation
 
 
 def test_the_reference_arm_alone_reports_its_floor() -> None:
