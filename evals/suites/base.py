@@ -120,6 +120,7 @@ class SuiteDefinition:
     config_model: type[SuiteConfig]
     metrics: tuple[MetricSpec, ...]
     run: Callable[[SuiteContext], SuiteOutcome]
+    compares_outputs: bool = False  # the suite reads `SuiteContext.reference_samples` (drift)
 
     def metric_names(self) -> tuple[str, ...]:
         return tuple(spec.name for spec in self.metrics)

@@ -373,4 +373,6 @@ DRIFT = MetricKind(
     severity=_severity,
 )
 
-DEFINITION = SuiteDefinition(name=NAME, config_model=DriftConfig, metrics=(MetricSpec(METRIC, DRIFT),), run=run)
+DEFINITION = SuiteDefinition(
+    name=NAME, config_model=DriftConfig, metrics=(MetricSpec(METRIC, DRIFT),), run=run, compares_outputs=True
+)

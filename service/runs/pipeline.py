@@ -140,7 +140,9 @@ def _run_suite(
     primary = definition.metrics[0].name
     with session_scope(url) as session:
         done = store.load_samples(session, run.id, arm, suite)
-        compared_with = _compared_with(session, run, control_arm, profile, suite, primary)
+        compared_with = (
+            _compared_with(session, run, control_arm, profile, suite, primary) if definition.compares_outputs else {}
+        )
 
     def emit(samples: Sequence[Sample]) -> None:
         with session_scope(url) as session:
