@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 from pydantic import Field
 
+from evals import fixtures
 from evals.diff import SampleLike, diff_drift
 from evals.logprob_drift import (
     DEFAULT_KL_TOLERANCE,
@@ -87,7 +88,9 @@ class Prompt:
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """A JSONL file, or a `fixture:` one (the defaults name the committed GSM8k fixture files)."""
+    found = Path(fixtures.resolve(str(path)))
+    return [json.loads(line) for line in found.read_text().splitlines() if line.strip()]
 
 
 def _gsm8k_texts(config: DriftConfig) -> list[tuple[str, str]]:
