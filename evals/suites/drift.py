@@ -60,6 +60,7 @@ from evals.suites.base import (
 
 NAME = "drift"
 METRIC = "kl"
+NON_FINITE_SEVERITY = 1e30  # above any KL, and still a JSON number (an infinity is not)
 _BLOCK_SIZE = re.compile(r'vllm:cache_config_info\{[^}]*block_size="(\d+)"')
 
 
@@ -362,7 +363,7 @@ def _severity(sample: SampleLike, metric: str) -> float | None:
     row = sample.data.get("drift") or sample.data.get("floor")
     if row is None:
         return None
-    return math.inf if not sample.data.get("finite", True) else float(row["mean_kl"])
+    return NON_FINITE_SEVERITY if not sample.data.get("finite", True) else float(row["mean_kl"])
 
 
 DRIFT = MetricKind(
