@@ -15,7 +15,8 @@ Prompts are GSM8k few-shot prompts plus edge lengths: prompts whose token count 
 decode crosses a block boundary mid-generation (steps at block_size - 1, 0, 1), because
 kernel bugs live on those edges. The block size is the engine's own (its
 `vllm:cache_config_info` metric) unless the config names one; lengths come from the
-server's tokenizer.
+server's tokenizer. Samples are emitted once both passes are done (a row needs both), so a
+run interrupted mid-suite runs the drift suite again whole.
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ class _Client:
                 raise _NotFinite(error)
             if response.status_code < 500 and response.status_code != 429:
                 break
-        raise SuiteAborted(f"drift: {path} failed: {error}")
+        raise RuntimeError(f"drift: {path} failed after {self.config.max_retries + 1} attempt(s): {error}")
 
     async def tokenize(self, text: str) -> tuple[list[int], int]:
         found = await self.post("/tokenize", {"model": self.context.served_model_name, "prompt": text})
@@ -157,7 +158,7 @@ class _Client:
         response = await self.client.get(f"{self.base}/metrics")
         match = _BLOCK_SIZE.search(response.text)
         if match is None:
-            raise SuiteAborted("drift: the engine's /metrics has no vllm:cache_config_info block_size; set block_size")
+            raise RuntimeError("drift: the engine's /metrics has no vllm:cache_config_info block_size; set block_size")
         return int(match.group(1))
 
     async def generate(self, ids: Sequence[int]) -> tuple[list[int], list[float], list[TopK]]:
@@ -304,7 +305,7 @@ async def _run(context: SuiteContext) -> list[Sample]:
         if references:
             missing = [p.key for p in prompts if p.key not in references]
             if missing:
-                raise SuiteAborted(
+                raise ValueError(
                     f"drift: the reference stored no output for {len(missing)} prompts ({', '.join(missing[:5])}); "
                     "run the candidate with the reference's drift config"
                 )
