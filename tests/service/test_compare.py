@@ -166,12 +166,12 @@ def test_reads_need_a_token_when_configured(settings: Settings) -> None:
         assert client.get(f"/api/v1/runs/{a}/diff/{a}").status_code == 200
 
 
-def _drift_output(tokens: list[int], lp: float) -> ArmOutput:
+def drift_output(tokens: list[int], lp: float) -> ArmOutput:
     top = [{t - 1: -3.0, t: lp, t + 1: -3.0} for t in tokens]
     return ArmOutput(tokens, [lp] * len(tokens), top, [{5: lp, 6: -3.0}] * 4, [lp] * 4)
 
 
-def _drift_sample(key: str, mine: ArmOutput, reference: ArmOutput | None) -> Sample:
+def drift_sample(key: str, mine: ArmOutput, reference: ArmOutput | None) -> Sample:
     floor = compare(mine if reference is None else reference, mine if reference is None else reference)
     data = {"prompt_ids": [1, 2, 3], "arm": pack(mine), "floor": floor.as_dict(), "finite": True, "kl_tolerance": 0.01}
     if reference is not None:
@@ -183,14 +183,14 @@ def _drift_sample(key: str, mine: ArmOutput, reference: ArmOutput | None) -> Sam
 
 def test_drift_rows_diff_by_first_divergence_and_page_shows_worst_first(client: TestClient, settings: Settings) -> None:
     """Drift samples (both arms' tokens and logprobs in `data`) through the store, the diff and the page."""
-    ref = {k: _drift_output([10, 20, 30, 40], -0.1) for k in ("p0", "p1", "p2")}
+    ref = {k: drift_output([10, 20, 30, 40], -0.1) for k in ("p0", "p1", "p2")}
     cand = {
-        "p0": _drift_output([10, 20, 30, 40], -0.1),
-        "p1": _drift_output([10, 20, 31, 41], -0.6),
-        "p2": _drift_output([10, 25, 99, 98], -0.1),
+        "p0": drift_output([10, 20, 30, 40], -0.1),
+        "p1": drift_output([10, 20, 31, 41], -0.6),
+        "p2": drift_output([10, 25, 99, 98], -0.1),
     }
-    stock = [_drift_sample(k, ref[k], None) for k in ref]
-    fixed = [_drift_sample(k, cand[k], ref[k]) for k in ref]
+    stock = [drift_sample(k, ref[k], None) for k in ref]
+    fixed = [drift_sample(k, cand[k], ref[k]) for k in ref]
     run = add_run(settings, {("stock", "drift"): stock, ("fixed", "drift"): fixed}, variants=["stock", "fixed"])
 
     diff = client.get(f"/api/v1/runs/{run}/diff/{run}", params={"arm_a": "stock", "arm_b": "fixed"}).json()
