@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
+
+from evals.logprob_drift import compare, unpack
 
 
 class SampleLike(Protocol):
@@ -32,6 +34,8 @@ class SampleLike(Protocol):
     def insertions(self) -> int | None: ...
     @property
     def ref_words(self) -> int | None: ...
+    @property
+    def data(self) -> Mapping[str, Any]: ...
 
 
 def correct_flags(samples: Mapping[str, SampleLike], metric: str) -> dict[str, bool]:
@@ -121,3 +125,34 @@ def diff_wer(a: Mapping[str, SampleLike], b: Mapping[str, SampleLike], top: int 
         for key in sorted(changed, key=order)[:top]
     ]
     return WerDiff(len(keys), worse, len(changed) - worse, changes)
+
+
+@dataclass(frozen=True)
+class DriftChange:
+    key: str
+    first_divergence: int | None  # decode position where run b's greedy token first differs
+    close: bool  # the divergent tokens are in each other's top-k
+    mean_abs_dlogprob: float  # chosen token, before the divergence
+    tokens_a: list[int]
+    tokens_b: list[int]
+
+
+@dataclass(frozen=True)
+class DriftDiff:
+    matched: int  # prompts with a stored greedy output in both runs
+    diverged: int
+    violations: int  # divergences outside the close rule
+    changes: list[DriftChange]  # at most `top`: violations first, then the earliest divergence
+
+
+def diff_drift(a: Mapping[str, SampleLike], b: Mapping[str, SampleLike], top: int = 50) -> DriftDiff:
+    """Prompts whose greedy decode differs between the runs (drift samples: `data["arm"]`)."""
+    keys = sorted(k for k in a.keys() & b.keys() if "arm" in a[k].data and "arm" in b[k].data)
+    changes = []
+    for key in keys:
+        found = compare(unpack(a[key].data["arm"]), unpack(b[key].data["arm"]))
+        if found.first_divergence is not None:
+            tokens = (list(a[key].data["arm"]["tokens"]), list(b[key].data["arm"]["tokens"]))
+            changes.append(DriftChange(key, found.first_divergence, found.close, found.mean_abs_dlogprob, *tokens))
+    changes.sort(key=lambda c: (c.close, c.first_divergence, c.key))
+    return DriftDiff(len(keys), len(changes), sum(1 for c in changes if not c.close), changes[:top])

@@ -184,6 +184,9 @@ def _count_mde(square_sum: float, total: float, alpha: float, power: float) -> f
     return max(k * math.sqrt(square_sum) / total, k * k / total)
 
 
+NORMAL_ENOUGH = 10.0  # n p (1 - p) from which the binomial is treated as normal (the usual rule)
+
+
 def accuracy_mde(
     n: int, p: float, *, alpha: float = 0.05, power: float = 0.8, discordant_rate: float | None = None
 ) -> float:
@@ -191,20 +194,60 @@ def accuracy_mde(
 
     Paired against a reference on the same n items, only discordant items vary: the
     spread is the discordant rate (McNemar's normal approximation, null variance,
-    conservative). Unpaired (against a fixed value), it solves the one-sample binomial
-    power equation D = (z_a sqrt(p q) + z_b sqrt((p - D)(q + D))) / sqrt(n) (normal
-    approximation); a drop of all of p is the most it reports.
+    conservative). Unpaired (against a fixed value p), it is the one-sample binomial
+    test's: where n p (1 - p) >= 10 its normal approximation, solving the power equation
+    D = (z_a sqrt(p q) + z_b sqrt((p - D)(q + D))) / sqrt(n); elsewhere (near a perfect
+    or a zero score, where the normal test has no variance to work with) the exact test's,
+    `_exact_binomial_mde`. A drop of all of p is the most it reports.
     """
     if n < 1 or not 0 <= p <= 1:
         raise ValueError(f"need n >= 1 and 0 <= p <= 1, got n={n}, p={p}")
     if discordant_rate is not None:
         return _count_mde(discordant_rate * n, n, alpha, power)
     z_alpha, z_power = _z_alpha_power(alpha, power)
+    if n * p * (1 - p) < NORMAL_ENOUGH:
+        return _exact_binomial_mde(n, p, alpha, power)
     low, high = 0.0, p
     for _ in range(60):  # bisection for the D where the reach of the test meets D
         mid = (low + high) / 2
         reach = (z_alpha * math.sqrt(p * (1 - p)) + z_power * math.sqrt((p - mid) * (1 - p + mid))) / math.sqrt(n)
         low, high = (mid, high) if reach > mid else (low, mid)
+    return high
+
+
+def _binomial_log_pmf(i: int, n: int, p: float) -> float:
+    if p <= 0 or p >= 1:
+        return 0.0 if i == round(n * p) else -math.inf
+    head = math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+    return head + i * math.log(p) + (n - i) * math.log1p(-p)
+
+
+def _binomial_cdf(k: int, n: int, p: float) -> float:
+    """P(X <= k) for X ~ Binomial(n, p), from log-space terms so large n neither overflows nor underflows."""
+    return min(1.0, math.fsum(math.exp(_binomial_log_pmf(i, n, p)) for i in range(max(k, -1) + 1)))
+
+
+def _exact_binomial_mde(n: int, p: float, alpha: float, power: float) -> float:
+    """The exact two-sided binomial test's MDE for a drop from p.
+
+    The test rejects at c correct answers or fewer, c the largest count with
+    P(X <= c | p) <= alpha/2; the MDE is the smallest drop D with P(X <= c | p - D) >=
+    power. At p = 1 one wrong answer is significant, so the MDE is the drop that makes a
+    wrong answer among n likely enough, 1 - (1 - power)^(1/n). At p = 0, or wherever no
+    count is significant, no drop is detectable and the MDE is all of p.
+    """
+    critical, tail = -1, 0.0
+    while critical + 1 < n:
+        tail += math.exp(_binomial_log_pmf(critical + 1, n, p))
+        if tail > alpha / 2:
+            break
+        critical += 1
+    if critical < 0:
+        return p
+    low, high = 0.0, p
+    for _ in range(60):  # bisection: the chance of rejecting rises as the true accuracy drops
+        mid = (low + high) / 2
+        low, high = (low, mid) if _binomial_cdf(critical, n, p - mid) >= power else (mid, high)
     return high
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from evals.stats import (
     accuracy_mde,
@@ -72,6 +72,22 @@ class Baseline:
     def __post_init__(self) -> None:
         if self.tolerance < 0:
             raise ValueError(f"baseline tolerance must be >= 0, got {self.tolerance}")
+
+
+class Judge(Protocol):
+    """Judge per-item scores (key -> score) against a baseline and/or a reference's scores."""
+
+    def __call__(
+        self,
+        suite: str,
+        metric: str,
+        candidate: Mapping[str, Any],
+        baseline: Baseline | None,
+        reference: Mapping[str, Any] | None = None,
+        *,
+        alpha: float = 0.05,
+        reference_label: str = "the reference run",
+    ) -> MetricJudgement: ...
 
 
 @dataclass(frozen=True)
@@ -279,7 +295,7 @@ def _pair_wer(
 def judge_ab(
     suite: str,
     metric: str,
-    kind: Kind,
+    judge: Judge,
     control: Mapping[str, Any],
     treatment: Mapping[str, Any],
     *,
@@ -287,7 +303,7 @@ def judge_ab(
     baseline: Baseline | None = None,
     control_label: str = "control",
 ) -> MetricJudgement:
-    """Treatment against control on the items both arms ran, paired.
+    """Treatment against control on the items both arms ran, paired, by the metric kind's `judge`.
 
     The control plays the reference; `baseline`, when given, contributes only its
     tolerance rule, applied around the control's value (its own value is ignored).
@@ -300,12 +316,7 @@ def judge_ab(
         )
     arm = {key: treatment[key] for key in shared}
     rule = None if baseline is None else replace(baseline, value=None)
-    label = f"the {control_label} arm"
-    if kind == "accuracy":
-        return judge_accuracy(suite, metric, arm, rule, control, alpha=alpha, reference_label=label)
-    if kind == "wer":
-        return judge_wer(suite, metric, arm, rule, control, alpha=alpha, reference_label=label)
-    raise ValueError(f"{suite}.{metric}: unknown A/B kind {kind!r}; use 'accuracy' or 'wer'")
+    return judge(suite, metric, arm, rule, control, alpha=alpha, reference_label=f"the {control_label} arm")
 
 
 def _decide(

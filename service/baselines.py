@@ -75,7 +75,8 @@ def update(session: Session, change: BaselineUpdate, by: str, profiles: dict[str
         raise BaselineError(f"unknown profile {change.profile!r}; known: {', '.join(sorted(profiles))}")
     if change.suite not in {entry.suite for entry in profile.suites}:
         raise BaselineError(f"profile {change.profile!r} does not run suite {change.suite!r}")
-    declared = suite_registry.get(change.suite).metrics
+    entry = next(e for e in profile.suites if e.suite == change.suite)
+    declared = suite_registry.get(change.suite).metric_names(entry.config())
     if change.metric not in declared:
         raise BaselineError(
             f"suite {change.suite!r} reports no metric {change.metric!r}; it reports {', '.join(declared)}"

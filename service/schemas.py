@@ -228,6 +228,10 @@ class SampleOut(BaseModel):
     ref_words: int | None
     word_errors: int | None
     error: str | None
+    data: dict[str, Any] = Field(
+        default_factory=dict, description="Kind-specific per-sample data, e.g. drift: both arms' tokens and logprobs"
+    )
+    severity: float | None = Field(None, description="How bad this sample is under its suite's kind; worst first")
 
     @classmethod
     def of(cls, row: SampleRow) -> SampleOut:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import importlib
 
+from evals.metric_kinds import MetricKind
 from evals.suites.base import SuiteDefinition
 
-_MODULES = ("evals.suites.gsm8k", "evals.suites.lmeval", "evals.suites.wer")
+_MODULES = ("evals.suites.gsm8k", "evals.suites.lmeval", "evals.suites.wer", "evals.suites.drift")
 
 
 def registry() -> dict[str, SuiteDefinition]:
@@ -23,3 +24,8 @@ def get(name: str) -> SuiteDefinition:
     if name not in suites:
         raise KeyError(f"unknown suite {name!r}; known suites: {', '.join(sorted(suites))}")
     return suites[name]
+
+
+def metric_kind(suite: str, metric: str) -> MetricKind:
+    """The declared kind of one metric of a registered suite."""
+    return get(suite).kind_of(metric)

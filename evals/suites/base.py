@@ -3,6 +3,8 @@
 A suite gets a live OpenAI-compatible server URL and a `SuiteContext`, and returns a
 `SuiteOutcome`. It knows no HTTP layer of ours and no database: samples leave through
 `context.emit_samples` as they are finished, so a run that dies mid-suite keeps them.
+It declares every metric it reports with its kind (`evals.metric_kinds`): scoring, run
+diffs, the sample store and the dashboard read, judge and show a metric through its kind.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from evals.metric_kinds import MetricKind
+
 
 class SuiteAborted(RuntimeError):
     """Raised by a suite when the run was cancelled or the engine died under it."""
@@ -22,7 +26,7 @@ class SuiteAborted(RuntimeError):
 
 @dataclass(frozen=True)
 class Sample:
-    """One evaluated item. `correct` is set for accuracy suites, word counts for WER."""
+    """One evaluated item: `correct` for accuracy kinds, word counts for WER, `data` for others (drift)."""
 
     key: str
     prompt_hash: str
@@ -36,6 +40,7 @@ class Sample:
     insertions: int | None = None
     ref_words: int | None = None
     error: str | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)  # what a metric kind keeps beyond these fields
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,9 @@ class SuiteContext:
     run store at once; `done_samples` holds samples stored by an earlier, interrupted
     attempt of the same run, keyed by `Sample.key`, which a suite may reuse instead of
     asking the server again; `should_stop()` is true once the run was cancelled or the
-    engine died, and a suite checks it between requests.
+    engine died, and a suite checks it between requests. `reference_samples` are the same
+    suite's samples from what this arm is compared with (the first arm of an A/B run, else the
+    promoted reference run), for suites that compare outputs rather than scores (drift).
     """
 
     server_url: str
@@ -78,6 +85,7 @@ class SuiteContext:
     progress: Callable[[int, int], None] = lambda done, total: None
     emit_samples: Callable[[Sequence[Sample]], None] = lambda samples: None
     done_samples: Mapping[str, Sample] = field(default_factory=dict)
+    reference_samples: Mapping[str, Sample] = field(default_factory=dict)
     stop_event: threading.Event = field(default_factory=threading.Event)
 
     def should_stop(self) -> bool:
@@ -101,17 +109,45 @@ class SuiteConfig(BaseModel):
 
 
 @dataclass(frozen=True)
-class SuiteDefinition:
-    """A registered evaluation: profiles name it; `metrics` are the names it reports.
+class MetricSpec:
+    """One metric a suite reports, by name, and the kind that reads, judges and diffs it."""
 
-    Empty `metrics` means the profile's config names them (`SuiteConfig.metric_names`), as
-    the generic lm-eval suite does for whatever tasks it is given.
+    name: str
+    kind: MetricKind
+
+
+@dataclass(frozen=True)
+class SuiteDefinition:
+    """A registered evaluation: profiles name it; `metrics` declare what it reports, primary first.
+
+    A suite whose metrics the profile's config names (the generic lm-eval suite, for whatever
+    tasks it is given) declares none and gives `open_kind`, the kind of every metric it reports.
     """
 
     name: str
     config_model: type[SuiteConfig]
-    metrics: tuple[str, ...]
+    metrics: tuple[MetricSpec, ...]
     run: Callable[[SuiteContext], SuiteOutcome]
+    compares_outputs: bool = False  # the suite reads `SuiteContext.reference_samples` (drift)
+    open_kind: MetricKind | None = None
 
-    def metric_names(self, config: SuiteConfig) -> tuple[str, ...]:
-        return self.metrics or config.metric_names()
+    def metric_names(self, config: SuiteConfig | None = None) -> tuple[str, ...]:
+        declared = tuple(spec.name for spec in self.metrics)
+        return declared or (config.metric_names() if config is not None else ())
+
+    def kind_of(self, metric: str) -> MetricKind:
+        for spec in self.metrics:
+            if spec.name == metric:
+                return spec.kind
+        if self.open_kind is not None:
+            return self.open_kind
+        raise KeyError(
+            f"suite {self.name!r} declares no metric {metric!r}; it reports {', '.join(self.metric_names())}"
+        )
+
+    def kinds(self) -> dict[MetricKind, list[str]]:
+        """Each kind the suite declares, in declaration order, with its metric names."""
+        found: dict[MetricKind, list[str]] = {}
+        for spec in self.metrics:
+            found.setdefault(spec.kind, []).append(spec.name)
+        return found

@@ -26,7 +26,9 @@ from typing import Any
 import yaml
 from pydantic import Field, model_validator
 
+from evals.metric_kinds import ACCURACY
 from evals.suites.base import (
+    MetricSpec,
     MetricValue,
     Sample,
     SuiteAborted,
@@ -256,4 +258,6 @@ def run(context: SuiteContext) -> SuiteOutcome:
     )
 
 
-DEFINITION = SuiteDefinition(name=TASK, config_model=Gsm8kConfig, metrics=FILTERS, run=run)
+DEFINITION = SuiteDefinition(
+    name=TASK, config_model=Gsm8kConfig, metrics=tuple(MetricSpec(f, ACCURACY) for f in FILTERS), run=run
+)

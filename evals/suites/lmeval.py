@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from evals.metric_kinds import ACCURACY
 from evals.suites.base import (
     MetricValue,
     Sample,
@@ -244,4 +245,4 @@ def run(context: SuiteContext) -> SuiteOutcome:
     )
 
 
-DEFINITION = SuiteDefinition(name=NAME, config_model=LmEvalConfig, metrics=(), run=run)
+DEFINITION = SuiteDefinition(name=NAME, config_model=LmEvalConfig, metrics=(), run=run, open_kind=ACCURACY)

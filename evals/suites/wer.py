@@ -24,7 +24,9 @@ from pydantic import model_validator
 from tenacity import AsyncRetrying
 
 from evals import retry, stats
+from evals.metric_kinds import WER
 from evals.suites.base import (
+    MetricSpec,
     MetricValue,
     Sample,
     SuiteAborted,
@@ -327,4 +329,4 @@ def run(context: SuiteContext) -> SuiteOutcome:
     )
 
 
-DEFINITION = SuiteDefinition(name="wer", config_model=WerConfig, metrics=("wer",), run=run)
+DEFINITION = SuiteDefinition(name="wer", config_model=WerConfig, metrics=(MetricSpec("wer", WER),), run=run)

@@ -15,6 +15,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from evals import suites as suite_registry
+from evals.metric_kinds import ACCURACY
 from service.api.deps import Caller, Offset, SessionDep
 from service.auth import Role, allows
 from service.dashboard.access import PageCaller
@@ -116,6 +118,13 @@ def run_page(run_id: int, request: Request, caller: PageCaller, session: Session
     )
 
 
+def _shown_kind(suite: str) -> str:
+    """The kind of the suite's primary metric picks the samples view; a suite no longer registered
+    is shown as items (key, prompt, response, flags), which every stored sample has."""
+    definition = suite_registry.registry().get(suite)
+    return (definition.metrics[0].kind if definition else ACCURACY).name
+
+
 @router.get("/runs/{run_id}/samples", response_class=HTMLResponse)
 def samples_page(
     run_id: int,
@@ -129,7 +138,7 @@ def samples_page(
     offset: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=max(PAGE_SIZES))] = 50,
 ) -> HTMLResponse:
-    """Wrong answers first (GSM8k), worst utterances first (WER), one suite and arm at a time."""
+    """One suite and arm at a time, in the view of its primary metric's kind (worst samples first)."""
     run = _run(session, run_id)
     if run is None:
         return _missing(request, caller, f"Run {run_id} does not exist.")
@@ -146,14 +155,15 @@ def samples_page(
     )
     count = next(c for c in sample_counts(session, run_id) if (c.arm, c.suite) == (arm, suite))
     chosen = {"suite": suite, "arm": arm, "wrong_only": wrong_only, "q": q}
+    kind = _shown_kind(suite)
     marks = {}
-    if count.ref_words:  # a WER suite: mark each utterance's substituted, deleted and inserted words
+    if kind == "wer":  # mark each utterance's substituted, deleted and inserted words
         from evals.suites.wer import word_marks
 
         marks = {s.key: word_marks(s.target, s.response) for s in listing.items}
     return page(
         request, "samples.html", caller, run=run, stored=stored, listing=listing, chosen=chosen, count=count,
-        marks=marks,
+        kind=kind, marks=marks,
     )  # fmt: skip
 
 

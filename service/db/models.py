@@ -152,6 +152,8 @@ class Sample(Base):
     ref_words: Mapped[int | None] = mapped_column(Integer)
     word_errors: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
+    data: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
+    severity: Mapped[float | None] = mapped_column(Float)  # the kind's "how bad", worst first on pages
 
 
 class Baseline(Base):

@@ -9,13 +9,13 @@ The item-level work is `evals.diff`, so a diff and a verdict never disagree on a
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any
 
 from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from evals.diff import correct_flags, diff_accuracy, diff_wer, word_errors
+from evals import suites as suite_registry
 from evals.suites.base import Sample
 from service.db.models import Run
 from service.db.models import Sample as SampleRow
@@ -59,11 +59,31 @@ class WerDiffOut(BaseModel):
     changes: list[WerChangeOut] = Field(description="Largest change first, rises before falls")
 
 
+class DriftChangeOut(BaseModel):
+    key: str
+    first_divergence: int | None
+    close: bool = Field(description="The divergent tokens are in each other's top-k")
+    mean_abs_dlogprob: float
+    tokens_a: list[int]
+    tokens_b: list[int]
+
+
+class DriftDiffOut(BaseModel):
+    matched: int = Field(description="Prompts with a greedy output in both runs")
+    diverged: int
+    violations: int = Field(description="Divergences outside the close rule")
+    changes: list[DriftChangeOut] = Field(description="Violations first, then the earliest divergence")
+
+
 class SuiteDiff(BaseModel):
+    """One suite's changes; each metric kind the suite declares fills the field of its name."""
+
     suite: str
-    kind: Literal["accuracy", "wer"]
+    kind: str = Field(description="The kind of the suite's first diffed metric: accuracy, wer, ...")
+    kinds: list[str] = Field(description="Every metric kind with a section here, in the suite's declaration order")
     accuracy: list[AccuracyDiffOut] = Field(default_factory=list, description="One entry per accuracy metric")
     wer: WerDiffOut | None = None
+    drift: DriftDiffOut | None = None
 
 
 class DiffSide(BaseModel):
@@ -113,25 +133,29 @@ def pick_arm(run: Run, stored: dict[str, list[str]], asked: str | None = None) -
 
 
 def _suite_diff(suite: str, a: dict[str, Sample], b: dict[str, Sample], top: int) -> SuiteDiff | None:
-    metrics = sorted({metric for sample in a.values() for metric in sample.correct})
-    if metrics:
-        diffs = []
-        for metric in metrics:
-            if not correct_flags(b, metric):
-                continue
-            found = diff_accuracy(a, b, metric=metric)
-            diffs.append(AccuracyDiffOut.model_validate(found, from_attributes=True))
-        return SuiteDiff(suite=suite, kind="accuracy", accuracy=diffs)
-    if word_errors(a) and word_errors(b):
-        wer = diff_wer(a, b, top=top)
-        return SuiteDiff(suite=suite, kind="wer", wer=WerDiffOut.model_validate(wer, from_attributes=True))
-    return None
+    """Each metric kind the suite declares diffs its own metrics; a suite no longer registered has none."""
+    definition = suite_registry.registry().get(suite)
+    if definition is None:
+        return None
+    sections: dict[str, Any] = {}
+    kinds = definition.kinds()
+    if not kinds and definition.open_kind is not None:  # metrics named by the profile: those the rows hold
+        kinds = {definition.open_kind: sorted({m for s in (*a.values(), *b.values()) for m in s.correct})}
+    for kind, metrics in kinds.items():
+        found = kind.diff(a, b, metrics, top)
+        if found is not None:
+            sections[kind.name] = found
+    if not sections:
+        return None
+    return SuiteDiff.model_validate(
+        {"suite": suite, "kind": next(iter(sections)), "kinds": list(sections), **sections}, from_attributes=True
+    )
 
 
 def diff_runs(
     session: Session, a: Run, b: Run, *, arm_a: str | None = None, arm_b: str | None = None, top: int = 50
 ) -> RunDiff:
-    """Per suite both runs stored: accuracy flips each way, or the `top` largest WER changes."""
+    """Per suite both runs stored, what its metric kinds diff: accuracy flips, the `top` largest WER changes."""
     stored_a, stored_b = arms_and_suites(session, a.id), arms_and_suites(session, b.id)
     side_a, side_b = pick_arm(a, stored_a, arm_a), pick_arm(b, stored_b, arm_b)
     suites_a, suites_b = set(stored_a[side_a]), set(stored_b[side_b])

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from evals import fixtures
 from evals import suites as suite_registry
 from evals.suites.base import Sample, SuiteAborted, SuiteContext, SuiteOutcome
@@ -107,14 +109,38 @@ def resolve_profile(profile: Profile, overrides: dict[str, Any]) -> Profile:
     return Profile.model_validate(data)
 
 
+def _compared_with(
+    session: Session, run: Run, control_arm: str | None, profile: Profile, suite: str, metric: str
+) -> dict[str, Sample]:
+    """What this arm's outputs are compared with: the control arm's samples in an A/B run, else
+    the promoted reference run's (none for the control arm itself or without a reference)."""
+    if control_arm is not None:
+        return store.load_samples(session, run.id, control_arm, suite)
+    if len(run.variants) > 1:
+        return {}
+    _, reference_run = scoring.baseline_for(session, profile.name, suite, metric)
+    found = scoring.reference_samples(session, reference_run, suite) if reference_run != run.id else None
+    return found or {}
+
+
 def _run_suite(
-    url: str, run: Run, arm: str, profile: Profile, engine: Engine, suite: str, work_dir: Path
+    url: str,
+    run: Run,
+    arm: str,
+    control_arm: str | None,
+    profile: Profile,
+    engine: Engine,
+    suite: str,
+    work_dir: Path,
 ) -> SuiteOutcome:
     definition = suite_registry.get(suite)
     config = profile.suite_configs()[suite]
     primary = definition.metric_names(config)[0]
     with session_scope(url) as session:
         done = store.load_samples(session, run.id, arm, suite)
+        compared_with = (
+            _compared_with(session, run, control_arm, profile, suite, primary) if definition.compares_outputs else {}
+        )
 
     def emit(samples: Sequence[Sample]) -> None:
         with session_scope(url) as session:
@@ -130,6 +156,7 @@ def _run_suite(
         progress=_Progress(url, run.id, f"{arm}/{suite}" if len(run.variants) > 1 else suite),
         emit_samples=emit,
         done_samples=done,
+        reference_samples=compared_with,
         stop_event=engine.stop_event,
     )
     if done:
@@ -189,6 +216,7 @@ def _run_arm(
     url: str,
     run: Run,
     arm: str,
+    control: str | None,
     arm_profile: Profile,
     engine: Engine,
     arm_dir: Path,
@@ -201,7 +229,7 @@ def _run_arm(
         began = time.monotonic()
         moment = f"while {entry.suite} ran"
         try:
-            outcome = _run_suite(url, run, arm, arm_profile, engine, entry.suite, arm_dir / entry.suite)
+            outcome = _run_suite(url, run, arm, control, arm_profile, engine, entry.suite, arm_dir / entry.suite)
         except Exception as exc:
             if watcher.cancelled.is_set():
                 raise RunCancelled("cancelled while suites ran") from None
@@ -271,7 +299,8 @@ def execute(run_id: int, settings: Settings, profiles: dict[str, Profile], worke
                     _set(url, run.id, Status.RUNNING, f"engine {facts['version']} up", engine=engine_record)
                 else:
                     _set(url, run.id, engine=engine_record)
-                _run_arm(url, run, arm, arm_profile, engine, run_dir / arm, watcher, timings, outcomes)
+                control = arms[0] if arm != arms[0] else None
+                _run_arm(url, run, arm, control, arm_profile, engine, run_dir / arm, watcher, timings, outcomes)
             except EngineDied as death:
                 if len(arms) == 1:
                     raise

@@ -77,7 +77,7 @@ def list_samples(
     offset: int = 0,
     limit: int = 50,
 ) -> Page[SampleOut]:
-    """Wrong answers first, then worst word error counts: what a reviewer reads first."""
+    """Wrong answers first, then worst word error counts, then the highest severity: what a reviewer reads first."""
     query = select(SampleRow).where(SampleRow.run_id == run_id)
     if suite:
         query = query.where(SampleRow.suite == suite)
@@ -91,6 +91,11 @@ def list_samples(
             SampleRow.prompt.ilike(pattern) | SampleRow.response.ilike(pattern) | SampleRow.target.ilike(pattern)
         )
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    ordered = query.order_by(SampleRow.is_correct.is_(True), SampleRow.word_errors.desc().nulls_last(), SampleRow.id)
+    ordered = query.order_by(
+        SampleRow.is_correct.is_(True),
+        SampleRow.word_errors.desc().nulls_last(),
+        SampleRow.severity.desc().nulls_last(),
+        SampleRow.id,
+    )
     rows = session.scalars(ordered.offset(offset).limit(limit)).all()
     return Page[SampleOut](items=[SampleOut.of(r) for r in rows], total=total, offset=offset, limit=limit)

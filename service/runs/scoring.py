@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from evals.diff import correct_flags, word_errors
+from evals import suites as suite_registry
 from evals.suites.base import MetricValue, Sample, SuiteOutcome
-from evals.verdict import Baseline, MetricJudgement, judge_ab, judge_accuracy, judge_wer, run_verdict
+from evals.verdict import Baseline, MetricJudgement, judge_ab, run_verdict
 from service.db.models import Baseline as BaselineRow
 from service.db.models import Run
 from service.db.models import Sample as SampleRow
@@ -57,7 +57,8 @@ def baseline_for(session: Session, profile: str, suite: str, metric: str) -> tup
     return baseline, row.reference_run_id
 
 
-def _reference_samples(session: Session, run_id: int | None, suite: str) -> dict[str, Sample] | None:
+def reference_samples(session: Session, run_id: int | None, suite: str) -> dict[str, Sample] | None:
+    """The samples of a reference run for one suite: its treatment arm, else its only arm."""
     if run_id is None:
         return None
     reference = session.get(Run, run_id)
@@ -87,16 +88,15 @@ def _empty_rate_failure(judgement: MetricJudgement, rate: float, limit: float) -
 def _judge(
     session: Session, run: Run, profile: Profile, suite: str, metric: MetricValue, samples: Mapping[str, Sample]
 ) -> MetricJudgement:
+    """The metric's declared kind reads the samples and judges them against baseline and reference run."""
+    kind = suite_registry.metric_kind(suite, metric.name)
+    scores = kind.scores(samples, metric.name)
+    if not scores:
+        return _no_samples(suite, metric)
     baseline, reference_run = baseline_for(session, profile.name, suite, metric.name)
-    reference = _reference_samples(session, reference_run, suite) if reference_run != run.id else None
-    flags = correct_flags(samples, metric.name)
-    if flags:
-        reference_flags = correct_flags(reference, metric.name) if reference else None
-        return judge_accuracy(suite, metric.name, flags, baseline, reference_flags)
-    errors = word_errors(samples)
-    if errors:
-        return judge_wer(suite, metric.name, errors, baseline, word_errors(reference) if reference else None)
-    return _no_samples(suite, metric)
+    reference = reference_samples(session, reference_run, suite) if reference_run != run.id else None
+    reference_scores = kind.scores(reference, metric.name) if reference else None
+    return kind.judge(suite, metric.name, scores, baseline, reference_scores)
 
 
 def _judge_ab(
@@ -109,20 +109,13 @@ def _judge_ab(
     samples: Mapping[str, Sample],
 ) -> MetricJudgement:
     """Treatment arm against the control arm on the same items; the baseline lends its tolerance."""
-    control = store.load_samples(session, run_id, control_arm, suite)
+    kind = suite_registry.metric_kind(suite, metric.name)
+    scores = kind.scores(samples, metric.name)
+    if not scores:
+        return _no_samples(suite, metric)
+    control = kind.scores(store.load_samples(session, run_id, control_arm, suite), metric.name)
     baseline, _ = baseline_for(session, profile.name, suite, metric.name)
-    flags = correct_flags(samples, metric.name)
-    if flags:
-        control_flags = correct_flags(control, metric.name)
-        return judge_ab(
-            suite, metric.name, "accuracy", control_flags, flags, baseline=baseline, control_label=control_arm
-        )
-    errors = word_errors(samples)
-    if errors:
-        return judge_ab(
-            suite, metric.name, "wer", word_errors(control), errors, baseline=baseline, control_label=control_arm
-        )
-    return _no_samples(suite, metric)
+    return judge_ab(suite, metric.name, kind.judge, control, scores, baseline=baseline, control_label=control_arm)
 
 
 def _from_pairing(explanation: str, control_arm: str) -> str:

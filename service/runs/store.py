@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from evals import suites as suite_registry
 from evals.suites.base import MetricValue
 from evals.suites.base import Sample as SuiteSample
 from evals.verdict import MetricJudgement
@@ -25,17 +26,12 @@ def _word_errors(sample: SuiteSample) -> int | None:
     return sum(c for c in counts if c is not None)
 
 
-def _is_correct(sample: SuiteSample, primary_metric: str) -> bool | None:
-    if primary_metric in sample.correct:
-        return bool(sample.correct[primary_metric])
-    errors = _word_errors(sample)
-    return None if errors is None else errors == 0
-
-
 def save_samples(
     session: Session, run_id: int, arm: str, suite: str, primary_metric: str, samples: Sequence[SuiteSample]
 ) -> None:
-    """Insert or replace samples by (run, arm, suite, key)."""
+    """Insert or replace samples by (run, arm, suite, key); the primary metric's kind sets `is_correct`
+    and `severity`."""
+    kind = suite_registry.metric_kind(suite, primary_metric)
     keys = [s.key for s in samples]
     if not keys:
         return
@@ -56,13 +52,15 @@ def save_samples(
             response=s.response,
             extracted=dict(s.extracted),
             correct={k: bool(v) for k, v in s.correct.items()},
-            is_correct=_is_correct(s, primary_metric),
+            is_correct=kind.passed(s, primary_metric),
             substitutions=s.substitutions,
             deletions=s.deletions,
             insertions=s.insertions,
             ref_words=s.ref_words,
             word_errors=_word_errors(s),
             error=s.error,
+            data=dict(s.data),
+            severity=kind.severity(s, primary_metric),
         )
         for s in samples
     )
@@ -82,6 +80,7 @@ def to_suite_sample(row: SampleRow) -> SuiteSample:
         insertions=row.insertions,
         ref_words=row.ref_words,
         error=row.error,
+        data=dict(row.data or {}),
     )
 
 

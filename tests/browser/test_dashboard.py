@@ -13,8 +13,10 @@ from service.auth import Role
 from service.db.migrate import upgrade
 from service.db.models import Run
 from service.db.session import session_scope
+from service.runs import store
 from tests.browser.conftest import Dashboard, Shoot, start_dashboard
 from tests.browser.seed import FLIP_DOWN, FLIP_UP, GSM8K, GSM8K_BASELINE, WHISPER, WORSE_UTTERANCE, seed, set_progress
+from tests.service.test_compare import drift_output, drift_sample
 
 pytestmark = pytest.mark.browser
 
@@ -320,3 +322,38 @@ def test_chart_hover_shows_label_html_as_text(page: Page, dashboard: Dashboard) 
             row = session.get(Run, s.collapse)
             assert row is not None
             row.labels = original
+
+
+def test_drift_samples_draw_token_strips_worst_first(
+    page: Page, dashboard: Dashboard, console_errors: list[str], shoot: Shoot
+) -> None:
+    """A drift A/B run's candidate rows: tokens shaded by |Δ logprob|, the first divergence boxed."""
+    ref = {k: drift_output([10, 20, 30, 40], -0.1) for k in ("p0", "p1", "p2")}
+    cand = {
+        "p0": drift_output([10, 20, 30, 40], -0.1),
+        "p1": drift_output([10, 20, 31, 41], -1.1),
+        "p2": drift_output([10, 25, 99, 98], -0.1),
+    }
+    with session_scope(dashboard.database_url) as session:
+        run = Run(profile=GSM8K, status="passed", trigger="ci", variants=["stock", "fixed"])
+        session.add(run)
+        session.flush()
+        store.save_samples(session, run.id, "stock", "drift", "kl", [drift_sample(k, ref[k], None) for k in ref])
+        store.save_samples(session, run.id, "fixed", "drift", "kl", [drift_sample(k, cand[k], ref[k]) for k in ref])
+        run_id = run.id
+
+    page.goto(f"/runs/{run_id}/samples?suite=drift&arm=fixed")
+    rows = page.locator("#samples tbody tr[data-key]")
+    expect(rows).to_have_count(3)
+    assert rows.evaluate_all("rs => rs.map(r => r.dataset.key)")[2] == "p0", "diverged prompts first"
+    p1 = page.locator('#samples tr[data-key="p1"]')
+    expect(p1.locator(".tok.first-divergence")).to_have_text("31")
+    shaded = p1.locator(".tok").nth(1).evaluate("t => getComputedStyle(t).backgroundColor")
+    assert shaded == "rgb(220, 40, 40)", shaded  # |Δ| of 1 nat before the divergence: full colour
+    unshaded = page.locator('#samples tr[data-key="p0"] .tok').first.evaluate(
+        "t => getComputedStyle(t).backgroundColor"
+    )
+    assert unshaded == "rgba(220, 40, 40, 0)", unshaded
+    expect(page.locator('#samples tr[data-key="p2"]')).to_contain_text("not close")
+    shoot(page, "samples-drift")
+    assert console_errors == []

@@ -150,3 +150,20 @@ def test_mde_floor_keeps_identical_small_samples_from_claiming_precision() -> No
     ref, words = [2] * 20, [20] * 20
     assert wer_mde(ref, words, reference_errors=ref) == pytest.approx(k * k / 400)
     assert wer_mde(ref, words, reference_errors=[e + 1 for e in ref]) > wer_mde(ref, words, reference_errors=ref)
+
+
+def test_accuracy_mde_at_a_perfect_score_is_the_exact_binomial_tests() -> None:
+    """Against p = 1 one wrong answer is significant: the MDE makes one likely with 80% power."""
+    mde = accuracy_mde(200, 1.0)
+    assert mde == pytest.approx(1 - 0.2 ** (1 / 200), rel=1e-6)
+    rng = np.random.default_rng(7)
+    found = (rng.binomial(200, 1 - mde, size=4000) < 200).mean()
+    assert 0.77 <= found <= 0.83
+    assert accuracy_mde(200, 1.0) < accuracy_mde(20, 1.0) < accuracy_mde(5, 1.0)
+
+
+def test_accuracy_mde_at_a_zero_score_is_the_exact_binomial_tests() -> None:
+    """From p = 0 nothing can drop; near it no count is significant, so the MDE is all of p."""
+    assert accuracy_mde(200, 0.0) == 0.0
+    assert accuracy_mde(200, 0.01) == 0.01  # P(0 correct | 0.01) = 0.13 > alpha/2: no drop detectable
+    assert 0 < accuracy_mde(200, 0.05) < 0.05

@@ -170,15 +170,15 @@ def test_wer_verdict_is_reproducible_whatever_the_key_order() -> None:
 def test_ab_prefers_the_arm_that_is_not_broken() -> None:
     stock = _flip(_questions(1319, 1149), down=285, up=0)  # requests that failed count as wrong
     fixed = _questions(1319, 1149)
-    good = judge_ab("gsm8k", "strict-match", "accuracy", stock, fixed, control_label="stock")
+    good = judge_ab("gsm8k", "strict-match", judge_accuracy, stock, fixed, control_label="stock")
     assert good.verdict == "pass" and "significant improvement" in good.explanation
     assert "Against the stock arm on 1319 of 1319 items" in good.explanation
-    bad = judge_ab("gsm8k", "strict-match", "accuracy", fixed, stock, baseline=GSM8K)
+    bad = judge_ab("gsm8k", "strict-match", judge_accuracy, fixed, stock, baseline=GSM8K)
     assert bad.verdict == "fail" and "below the threshold" in bad.explanation
-    wer = judge_ab("wer", "wer", "wer", _utterances(200), _add_errors(_utterances(200), {3: 1}), baseline=WER)
+    wer = judge_ab("wer", "wer", judge_wer, _utterances(200), _add_errors(_utterances(200), {3: 1}), baseline=WER)
     assert wer.verdict == "pass", wer.explanation
     with pytest.raises(ValueError, match="share no items"):
-        judge_ab("gsm8k", "m", "accuracy", {"a": True}, {"b": True})
+        judge_ab("gsm8k", "m", judge_accuracy, {"a": True}, {"b": True})
 
 
 def _judgement(verdict: str) -> MetricJudgement:
@@ -207,3 +207,12 @@ def test_vllm_rule_is_said_beside_kvcanarys_verdict() -> None:
     # Absolute tolerances and lower-is-better metrics are kvcanary's own rules: no vLLM sentence.
     assert judge_accuracy("gsm8k", "strict-match", _questions(100, 90), GSM8K).details["vllm_rule"] is None
     assert "vLLM's own rule" not in judge_accuracy("gsm8k", "strict-match", _questions(100, 90), GSM8K).explanation
+
+
+def test_a_perfect_score_reports_the_exact_tests_mde() -> None:
+    perfect = _questions(200, 200)
+    j = judge_accuracy("gsm8k", "m", perfect, Baseline(1.0, "higher", "absolute", 0.01))
+    assert j.verdict == "pass" and j.details["mde"] == pytest.approx(1 - 0.2 ** (1 / 200))
+    assert "smallest regression it detects is 0.0080" in j.explanation
+    tight = judge_accuracy("gsm8k", "m", perfect, Baseline(1.0, "higher", "absolute", 0.005))
+    assert tight.verdict == "inconclusive" and "0.0080" in tight.explanation

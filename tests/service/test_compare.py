@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from evals import suites as suite_registry
+from evals.logprob_drift import ArmOutput, compare, pack
 from evals.suites.base import Sample
 from service.app import create_app
 from service.auth import Role, create_token
@@ -64,7 +66,7 @@ def add_run(settings: Settings, samples: dict[tuple[str, str], Sequence[Sample]]
         session.add(run)
         session.flush()
         for (arm, suite), rows in samples.items():
-            primary = "wer" if suite == "wer" else "strict-match"
+            primary = suite_registry.get(suite).metrics[0].name
             store.save_samples(session, run.id, arm, suite, primary, rows)
         return run.id
 
@@ -162,3 +164,48 @@ def test_reads_need_a_token_when_configured(settings: Settings) -> None:
         assert client.get(f"/api/v1/runs/{a}/diff/{a}").status_code == 401
         client.cookies.set("kvcanary_token", viewer)
         assert client.get(f"/api/v1/runs/{a}/diff/{a}").status_code == 200
+
+
+def drift_output(tokens: list[int], lp: float) -> ArmOutput:
+    top = [{t - 1: -3.0, t: lp, t + 1: -3.0} for t in tokens]
+    return ArmOutput(tokens, [lp] * len(tokens), top, [{5: lp, 6: -3.0}] * 4, [lp] * 4)
+
+
+def drift_sample(key: str, mine: ArmOutput, reference: ArmOutput | None) -> Sample:
+    floor = compare(mine if reference is None else reference, mine if reference is None else reference)
+    data = {"prompt_ids": [1, 2, 3], "arm": pack(mine), "floor": floor.as_dict(), "finite": True, "kl_tolerance": 0.01}
+    if reference is not None:
+        data |= {"drift": compare(reference, mine).as_dict(), "reference": pack(reference)}
+    else:
+        data["drift"] = None
+    return Sample(key=key, prompt_hash=f"h-{key}", target="", response="", prompt=f"prompt {key}", data=data)
+
+
+def test_drift_rows_diff_by_first_divergence_and_page_shows_worst_first(client: TestClient, settings: Settings) -> None:
+    """Drift samples (both arms' tokens and logprobs in `data`) through the store, the diff and the page."""
+    ref = {k: drift_output([10, 20, 30, 40], -0.1) for k in ("p0", "p1", "p2")}
+    cand = {
+        "p0": drift_output([10, 20, 30, 40], -0.1),
+        "p1": drift_output([10, 20, 31, 41], -0.6),
+        "p2": drift_output([10, 25, 99, 98], -0.1),
+    }
+    stock = [drift_sample(k, ref[k], None) for k in ref]
+    fixed = [drift_sample(k, cand[k], ref[k]) for k in ref]
+    run = add_run(settings, {("stock", "drift"): stock, ("fixed", "drift"): fixed}, variants=["stock", "fixed"])
+
+    diff = client.get(f"/api/v1/runs/{run}/diff/{run}", params={"arm_a": "stock", "arm_b": "fixed"}).json()
+    [suite] = diff["suites"]
+    assert suite["kind"] == "drift" and suite["kinds"] == ["drift"]
+    drift = suite["drift"]
+    assert (drift["matched"], drift["diverged"], drift["violations"]) == (3, 2, 1)
+    assert [(c["key"], c["first_divergence"], c["close"]) for c in drift["changes"]] == [
+        ("p2", 1, False),
+        ("p1", 2, True),
+    ]
+
+    samples = client.get(f"/api/v1/runs/{run}/samples", params={"suite": "drift", "arm": "fixed"}).json()["items"]
+    assert [s["key"] for s in samples][2] == "p0"  # diverged rows first
+    assert {s["key"]: s["data"]["reference"]["tokens"] for s in samples}["p2"] == [10, 20, 30, 40]
+    page = client.get(f"/runs/{run}/samples", params={"suite": "drift", "arm": "fixed"})
+    assert page.status_code == 200, page.text
+    assert page.text.count('class="tok first-divergence"') == 2 and "not close" in page.text

@@ -1,0 +1,383 @@
+"""The drift suite: do the candidate kernels change what the model computes, token by token?
+
+It runs once per arm on the same prompts. The first arm (or a run with no reference) is the
+reference: it generates greedily with `logprobs=k`, scores its own prompt + continuation
+teacher-forced with `prompt_logprobs=k`, and does both again in another batch composition
+(`floor_concurrency`, shuffled order) to measure the A/A floor, the engine's own
+nondeterminism. A later arm (`context.reference_samples`: the first arm of an A/B run, or the
+promoted reference run's stored samples) is the candidate: it generates the same way, scores
+the reference's sequences teacher-forced, and every prompt stores both arms' tokens and
+logprobs with the comparison (`evals.logprob_drift`). The verdict comes from the metric kind
+`DRIFT` (floor, tolerance, close rule, non-finite logprobs).
+
+Prompts are GSM8k few-shot prompts plus edge lengths: prompts whose token count puts
+`seq_len mod block_size` at 0, 1 and block_size - 1 at the end of prefill, and one whose
+decode crosses a block boundary mid-generation (steps at block_size - 1, 0, 1), because
+kernel bugs live on those edges. The block size is the engine's own (its
+`vllm:cache_config_info` metric) unless the config names one; lengths come from the
+server's tokenizer. Samples are emitted once both passes are done (a row needs both), so a
+run interrupted mid-suite runs the drift suite again whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import random
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import Field
+
+from evals import fixtures
+from evals.diff import SampleLike, diff_drift
+from evals.logprob_drift import (
+    DEFAULT_KL_TOLERANCE,
+    ArmOutput,
+    PromptDrift,
+    TopK,
+    compare,
+    judge_drift,
+    pack,
+    unpack,
+)
+from evals.metric_kinds import MetricKind
+from evals.suites.base import (
+    MetricSpec,
+    MetricValue,
+    Sample,
+    SuiteAborted,
+    SuiteConfig,
+    SuiteContext,
+    SuiteDefinition,
+    SuiteOutcome,
+)
+
+NAME = "drift"
+METRIC = "kl"
+NON_FINITE_SEVERITY = 1e30  # above any KL, and still a JSON number (an infinity is not)
+_BLOCK_SIZE = re.compile(r'vllm:cache_config_info\{[^}]*block_size="(\d+)"')
+
+
+class DriftConfig(SuiteConfig):
+    """`limit` GSM8k prompts (from local JSONL files) plus the edge-length prompts."""
+
+    limit: int | None = 32
+    questions_file: Path = Path("fixture:gsm8k-test.jsonl")
+    fewshot_file: Path = Path("fixture:gsm8k-fewshot.jsonl")
+    num_fewshot: int = Field(5, ge=0)
+    max_tokens: int = Field(64, ge=1)
+    logprobs: int = Field(5, ge=1, le=20)
+    concurrency: int = 8
+    floor_concurrency: int = Field(2, ge=1)
+    floor_seed: int = 0
+    block_size: int | None = Field(None, ge=2)
+    edge_lengths: bool = True
+    kl_tolerance: float = Field(DEFAULT_KL_TOLERANCE, ge=0)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    key: str
+    text: str
+    ids: list[int]
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """A JSONL file, or a `fixture:` one (the defaults name the committed GSM8k fixture files)."""
+    found = Path(fixtures.resolve(str(path)))
+    return [json.loads(line) for line in found.read_text().splitlines() if line.strip()]
+
+
+def _gsm8k_texts(config: DriftConfig) -> list[tuple[str, str]]:
+    shots = _read_jsonl(config.fewshot_file)[: config.num_fewshot]
+    head = "".join(f"Question: {s['question']}\nAnswer: {s['answer']}\n\n" for s in shots)
+    items = _read_jsonl(config.questions_file)[: config.limit]
+    return [(f"gsm8k-{i:04d}", f"{head}Question: {item['question']}\nAnswer:") for i, item in enumerate(items)]
+
+
+def edge_lengths(block_size: int, max_tokens: int, max_len: int) -> dict[str, int]:
+    """Prompt token counts that put seq_len mod block_size on the edges, by what they probe."""
+    lengths = {
+        "prefill-mod0": 2 * block_size,
+        "prefill-mod1": 2 * block_size + 1,
+        f"prefill-mod{block_size - 1}": 3 * block_size - 1,
+    }
+    crossing = 3 * block_size - max(1, max_tokens // 2)  # decode steps reach mod B-1, 0, 1 mid-way
+    if crossing > 0:
+        lengths["decode-cross"] = crossing
+    return {key: n for key, n in lengths.items() if n + max_tokens <= max_len}
+
+
+class _NotFinite(Exception):
+    """The server could not even serialise its logprobs: vLLM answers 400 for a NaN or an infinity."""
+
+
+class _Client:
+    """The server's completions, tokenizer and metrics, with retries; stops on the run's flag."""
+
+    def __init__(self, context: SuiteContext, client: httpx.AsyncClient) -> None:
+        self.context = context
+        self.config: DriftConfig = context.config
+        self.client = client
+        self.base = context.server_url.rstrip("/")
+
+    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        error = ""
+        for _attempt in range(self.config.max_retries + 1):
+            if self.context.should_stop():
+                raise SuiteAborted("drift: the run was stopped")
+            try:
+                response = await self.client.post(f"{self.base}{path}", json=body)
+            except httpx.HTTPError as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                continue
+            if response.status_code == 200:
+                found: dict[str, Any] = response.json()
+                return found
+            error = f"HTTP {response.status_code}: {response.text[:300]}"
+            if response.status_code == 400 and "Out of range float values" in response.text:
+                raise _NotFinite(error)
+            if response.status_code < 500 and response.status_code != 429:
+                break
+        raise RuntimeError(f"drift: {path} failed after {self.config.max_retries + 1} attempt(s): {error}")
+
+    async def tokenize(self, text: str) -> tuple[list[int], int]:
+        found = await self.post("/tokenize", {"model": self.context.served_model_name, "prompt": text})
+        return [int(t) for t in found["tokens"]], int(found.get("max_model_len") or 0)
+
+    async def block_size(self) -> int:
+        if self.config.block_size is not None:
+            return self.config.block_size
+        response = await self.client.get(f"{self.base}/metrics")
+        match = _BLOCK_SIZE.search(response.text)
+        if match is None:
+            raise RuntimeError("drift: the engine's /metrics has no vllm:cache_config_info block_size; set block_size")
+        return int(match.group(1))
+
+    async def generate(self, ids: Sequence[int]) -> tuple[list[int], list[float], list[TopK]]:
+        body = {
+            "model": self.context.served_model_name,
+            "prompt": list(ids),
+            "max_tokens": self.config.max_tokens,
+            "temperature": 0.0,
+            "logprobs": self.config.logprobs,
+            "return_tokens_as_token_ids": True,
+        }
+        try:
+            choice = (await self.post("/v1/completions", body))["choices"][0]
+        except _NotFinite:  # the tokens without their (non-finite) logprobs
+            plain = {k: v for k, v in body.items() if k not in ("logprobs", "return_tokens_as_token_ids")}
+            tokens = (await self.post("/v1/completions", {**plain, "return_token_ids": True}))["choices"][0][
+                "token_ids"
+            ]
+            return [int(t) for t in tokens], [math.nan] * len(tokens), [{} for _ in tokens]
+        found = choice.get("logprobs") or {}
+        tokens = [_token_id(t) for t in found.get("tokens") or []]
+        logprobs = [_number(lp) for lp in found.get("token_logprobs") or []]
+        top: list[TopK] = [
+            {_token_id(t): _number(lp) for t, lp in (step or {}).items()} for step in found.get("top_logprobs") or []
+        ]
+        return tokens, logprobs, top
+
+    async def score(self, ids: Sequence[int]) -> tuple[list[TopK], list[float]]:
+        """Teacher-forced: the top-k before each next token of `ids`, and that token's logprob."""
+        body = {
+            "model": self.context.served_model_name,
+            "prompt": list(ids),
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": self.config.logprobs,
+        }
+        try:
+            positions = (await self.post("/v1/completions", body))["choices"][0].get("prompt_logprobs") or []
+        except _NotFinite:
+            return [], [math.nan]
+        top: list[TopK] = []
+        own: list[float] = []
+        for index, step in enumerate(positions[1:], start=1):
+            entries = {int(t): e for t, e in (step or {}).items()}
+            top.append(
+                {
+                    t: _number(e.get("logprob"))
+                    for t, e in entries.items()
+                    if (e.get("rank") or 0) <= self.config.logprobs
+                }
+            )
+            mine = entries.get(ids[index])
+            own.append(_number(mine.get("logprob")) if mine else math.nan)
+        return top, own
+
+
+def _token_id(token: str) -> int:
+    return int(token.removeprefix("token_id:"))
+
+
+def _number(value: Any) -> float:
+    """A logprob as the server sent it; null (how a NaN is serialised) stays NaN."""
+    return float(value) if isinstance(value, int | float) else math.nan
+
+
+async def _prompts(client: _Client, config: DriftConfig) -> list[Prompt]:
+    prompts = []
+    max_len = 0
+    for key, text in _gsm8k_texts(config):
+        ids, max_len = await client.tokenize(text)
+        prompts.append(Prompt(key, text, ids))
+    if config.edge_lengths and prompts:
+        block = await client.block_size()
+        filler = [token for p in prompts for token in p.ids]
+        for key, length in edge_lengths(block, config.max_tokens, max_len or 10**9).items():
+            if length <= len(filler):
+                ids = filler[:length]
+                prompts.append(Prompt(f"edge-{key}-{length}", f"<{length} tokens, block size {block}>", ids))
+    return prompts
+
+
+async def _run_arm(
+    client: _Client, prompts: Sequence[Prompt], concurrency: int, forced: Mapping[str, list[int]]
+) -> dict[str, ArmOutput]:
+    """Each prompt's greedy output and its teacher-forced scores of `forced[key]` (or its own sequence)."""
+    outputs: dict[str, ArmOutput] = {}
+    pending = iter(prompts)
+
+    async def worker() -> None:
+        for prompt in pending:
+            tokens, logprobs, top = await client.generate(prompt.ids)
+            sequence = forced.get(prompt.key) or [*prompt.ids, *tokens]
+            prefill_top, prefill_own = await client.score(sequence)
+            outputs[prompt.key] = ArmOutput(tokens, logprobs, top, prefill_top, prefill_own)
+
+    workers = [asyncio.create_task(worker()) for _ in range(min(concurrency, len(prompts)))]
+    try:
+        await asyncio.gather(*workers)
+    finally:
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+    return outputs
+
+
+def _sample(
+    prompt: Prompt,
+    mine: ArmOutput,
+    floor: PromptDrift,
+    drift: PromptDrift | None,
+    reference: ArmOutput | None,
+    config: DriftConfig,
+) -> Sample:
+    finite = floor.finite if drift is None else drift.finite
+    data: dict[str, Any] = {
+        "prompt_ids": prompt.ids,
+        "arm": pack(mine),
+        "floor": floor.as_dict(),
+        "drift": drift.as_dict() if drift is not None else None,
+        "finite": finite,
+        "kl_tolerance": config.kl_tolerance,
+    }
+    if reference is not None:
+        data["reference"] = pack(reference)
+    diverged = drift.first_divergence if drift is not None else None
+    return Sample(
+        key=prompt.key,
+        prompt_hash=hashlib.sha256(json.dumps(prompt.ids).encode()).hexdigest(),
+        prompt=prompt.text,
+        target="",
+        response=f"{len(mine.tokens)} tokens" + ("" if diverged is None else f", first divergence at {diverged}"),
+        data=data,
+        error=None if finite else "non-finite logprobs",
+    )
+
+
+async def _run(context: SuiteContext) -> list[Sample]:
+    config: DriftConfig = context.config
+    limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
+    async with httpx.AsyncClient(timeout=config.request_timeout_s, limits=limits) as http:
+        client = _Client(context, http)
+        prompts = await _prompts(client, config)
+        references = {key: s.data for key, s in context.reference_samples.items() if s.data.get("arm")}
+        if references:
+            missing = [p.key for p in prompts if p.key not in references]
+            if missing:
+                raise ValueError(
+                    f"drift: the reference stored no output for {len(missing)} prompts ({', '.join(missing[:5])}); "
+                    "run the candidate with the reference's drift config"
+                )
+            forced = {key: [*data["prompt_ids"], *data["arm"]["tokens"]] for key, data in references.items()}
+            mine = await _run_arm(client, prompts, config.concurrency, forced)
+            samples = []
+            for prompt in prompts:
+                ref = unpack(references[prompt.key]["arm"])
+                floor = PromptDrift(**references[prompt.key]["floor"])
+                samples.append(_sample(prompt, mine[prompt.key], floor, compare(ref, mine[prompt.key]), ref, config))
+        else:
+            first = await _run_arm(client, prompts, config.concurrency, {})
+            shuffled = list(prompts)
+            random.Random(config.floor_seed).shuffle(shuffled)
+            forced = {p.key: [*p.ids, *first[p.key].tokens] for p in prompts}
+            again = await _run_arm(client, shuffled, config.floor_concurrency, forced)
+            samples = [
+                _sample(p, first[p.key], compare(first[p.key], again[p.key]), None, None, config) for p in prompts
+            ]
+    context.emit_samples(samples)
+    return samples
+
+
+def run(context: SuiteContext) -> SuiteOutcome:
+    samples = asyncio.run(_run(context))
+    scores = DRIFT.scores({s.key: s for s in samples}, METRIC)
+    rows = [row["drift"] or row["floor"] for row in scores.values()]
+    value = math.fsum(r["mean_kl"] for r in rows) / len(rows) if rows else 0.0
+    compared = any(row["drift"] is not None for row in scores.values())
+    empty = sum(1 for s in samples if not s.data["arm"]["tokens"])
+    return SuiteOutcome(
+        metrics=[MetricValue(name=METRIC, value=value, n=len(samples), direction="lower")],
+        samples=samples,
+        empty_response_rate=empty / len(samples) if samples else 1.0,
+        details={"prompts": len(samples), "role": "candidate" if compared else "reference"},
+    )
+
+
+def _scores(samples: Mapping[str, SampleLike], metric: str) -> dict[str, Any]:
+    """key -> the prompt's floor and (for a candidate) drift rows, as `judge_drift` reads them."""
+    return {
+        key: {k: s.data[k] for k in ("floor", "drift", "finite", "kl_tolerance")}
+        for key, s in samples.items()
+        if "floor" in s.data
+    }
+
+
+def _passed(sample: SampleLike, metric: str) -> bool | None:
+    if "floor" not in sample.data:
+        return None
+    drift = sample.data.get("drift")
+    return bool(sample.data["finite"]) and (drift is None or (drift["close"] and drift["first_divergence"] is None))
+
+
+def _severity(sample: SampleLike, metric: str) -> float | None:
+    row = sample.data.get("drift") or sample.data.get("floor")
+    if row is None:
+        return None
+    return NON_FINITE_SEVERITY if not sample.data.get("finite", True) else float(row["mean_kl"])
+
+
+DRIFT = MetricKind(
+    name="drift",
+    direction="lower",
+    items="prompts",
+    scores=_scores,
+    judge=judge_drift,
+    diff=lambda a, b, metrics, top: diff_drift(a, b, top=top),
+    passed=_passed,
+    severity=_severity,
+)
+
+DEFINITION = SuiteDefinition(
+    name=NAME, config_model=DriftConfig, metrics=(MetricSpec(METRIC, DRIFT),), run=run, compares_outputs=True
+)

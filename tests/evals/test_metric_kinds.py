@@ -1,0 +1,33 @@
+"""The suite contract: every suite declares its metrics with a kind, and readers ask the kind."""
+
+from __future__ import annotations
+
+import pytest
+
+from evals import suites
+from evals.metric_kinds import ACCURACY, WER
+from evals.suites.base import Sample
+
+
+def test_every_registered_suite_declares_a_kind_per_metric() -> None:
+    declared = {name: {s.name: s.kind.name for s in d.metrics} for name, d in suites.registry().items()}
+    assert declared == {
+        "gsm8k": {"strict-match": "accuracy", "flexible-extract": "accuracy"},
+        "wer": {"wer": "wer"},
+        "drift": {"kl": "drift"},
+    }
+    assert suites.metric_kind("wer", "wer").direction == "lower" and ACCURACY.direction == "higher"
+    assert list(suites.get("gsm8k").kinds()) == [ACCURACY]
+    with pytest.raises(KeyError, match="declares no metric 'exact'; it reports strict-match, flexible-extract"):
+        suites.metric_kind("gsm8k", "exact")
+
+
+def test_kinds_read_their_own_fields_only() -> None:
+    item = Sample(key="q", prompt_hash="h", target="42", response="42", correct={"strict-match": False})
+    utterance = Sample(
+        key="u", prompt_hash="h", target="a b", response="a b", substitutions=0, deletions=0, insertions=0, ref_words=2
+    )
+    assert ACCURACY.scores({"q": item, "u": utterance}, "strict-match") == {"q": False}
+    assert WER.scores({"q": item, "u": utterance}, "wer") == {"u": (0, 2)}
+    assert (ACCURACY.passed(item, "strict-match"), ACCURACY.passed(utterance, "strict-match")) == (False, None)
+    assert (WER.passed(utterance, "wer"), WER.passed(item, "wer")) == (True, None)
