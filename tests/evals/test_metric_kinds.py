@@ -15,7 +15,9 @@ def test_every_registered_suite_declares_a_kind_per_metric() -> None:
         "gsm8k": {"strict-match": "accuracy", "flexible-extract": "accuracy"},
         "wer": {"wer": "wer"},
         "drift": {"kl": "drift"},
+        "lm-eval": {},  # its profile's config names the metrics; every one is of its open kind
     }
+    assert suites.metric_kind("lm-eval", "gsm8k:exact_match,strict-match") is ACCURACY
     assert suites.metric_kind("wer", "wer").direction == "lower" and ACCURACY.direction == "higher"
     assert list(suites.get("gsm8k").kinds()) == [ACCURACY]
     with pytest.raises(KeyError, match="declares no metric 'exact'; it reports strict-match, flexible-extract"):
