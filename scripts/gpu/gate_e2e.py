@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
+import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,7 +127,8 @@ def _arms(run: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _table(results: list[tuple[Row, dict[str, Any], float, list[str]]]) -> str:
+def table(results: Sequence[tuple[Row, dict[str, Any], float | None, list[str]]]) -> str:
+    """The gate's result table in Markdown: one row per run, with its check."""
     lines = [
         "| run | profile | submit | arms | run status | as expected |",
         "|---|---|---|---|---|---|",
@@ -136,7 +137,7 @@ def _table(results: list[tuple[Row, dict[str, Any], float, list[str]]]) -> str:
         ok = "yes" if not problems else "NO: " + "; ".join(problems)
         lines.append(
             f"| {run['id']} {row.key} | {row.profile} | {' '.join(row.args) or '(profile as is)'} | {_arms(run)} | "
-            f"{run['status']} ({run['verdict'] or '-'}), {seconds:.0f} s | {ok} |"
+            f"{run['status']} ({run['verdict'] or '-'}){'' if seconds is None else f', {seconds:.0f} s'} | {ok} |"
         )
     return "\n".join(lines)
 
@@ -185,12 +186,13 @@ def main() -> int:
     finally:
         service.terminate()
         service.wait(60)
-    table = _table(results)
-    print(table)
-    (args.out / "table.md").write_text(table + "\n")
+    printed = table(results)
+    print(printed)
+    (args.out / "table.md").write_text(printed + "\n")
     database = data_dir / "kvcanary.db"
-    if database.exists():
-        shutil.copy(database, args.out / "kvcanary.db")
+    if database.exists():  # SQLite's backup, not a file copy: the last writes may still be in the WAL
+        with sqlite3.connect(database) as source, sqlite3.connect(args.out / "kvcanary.db") as copy:
+            source.backup(copy)
     return 0 if all(not problems for *_, problems in results) else 1
 
 

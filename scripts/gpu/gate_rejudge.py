@@ -1,0 +1,101 @@
+"""Judge a gate's stored runs again with today's verdict rules and profile baselines.
+
+Verdicts are computed from the stored per-sample rows, so a change to a rule or a baseline can
+be checked against runs already made without a GPU: this copies the run database a GPU host's
+`scripts/gpu/gate_e2e.sh run` left, replaces its baselines with the packaged profiles' ones,
+scores every finished run again through the service's own scoring, and prints the gate table
+with each row's check. The original database is not touched.
+
+    python scripts/gpu/gate_rejudge.py OUT/kvcanary.db [--save rejudged.db]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from sqlalchemy import delete, select
+
+from evals.suites.base import MetricValue, SuiteOutcome
+from service import baselines
+from service.db.migrate import upgrade
+from service.db.models import Baseline, BaselineChange, Run, SuiteResult
+from service.db.session import session_scope
+from service.profiles import load_profiles
+from service.runs import queries, scoring
+from service.settings import PACKAGED_PROFILES
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gate_e2e
+
+
+def _outcomes(session: object, run: Run) -> dict[tuple[str, str], SuiteOutcome]:
+    rows = list(session.scalars(select(SuiteResult).where(SuiteResult.run_id == run.id)))  # type: ignore[attr-defined]
+    grouped: dict[tuple[str, str], list[SuiteResult]] = {}
+    for row in rows:
+        grouped.setdefault((row.arm, row.suite), []).append(row)
+    return {
+        key: SuiteOutcome(
+            metrics=[MetricValue(r.metric, r.value, r.n, r.stderr, r.ci_low, r.ci_high, r.direction) for r in found],
+            samples=[],
+            empty_response_rate=found[0].empty_response_rate,
+        )
+        for key, found in grouped.items()
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("database", type=Path)
+    parser.add_argument("--save", type=Path, help="keep the re-judged copy here")
+    args = parser.parse_args()
+    profiles = load_profiles(PACKAGED_PROFILES)
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "kvcanary.db"
+        shutil.copy(args.database, copy)
+        url = f"sqlite:///{copy}"
+        upgrade(url)
+        with session_scope(url) as session:
+            session.execute(delete(BaselineChange))
+            session.execute(delete(Baseline))
+            baselines.seed_from_profiles(session, profiles)
+            runs = list(session.scalars(select(Run).order_by(Run.id)))
+            jobs = [(run.id, run.profile, list(run.variants), _outcomes(session, run)) for run in runs]
+        for run_id, profile, variants, outcomes in jobs:
+            arms = variants or sorted({arm for arm, _ in outcomes})
+            verdict, summary = scoring.score(url, run_id, profiles[profile], outcomes, arms)
+            with session_scope(url) as session:
+                run = session.get(Run, run_id)
+                assert run is not None
+                run.verdict, run.verdict_summary = verdict, summary
+                if run.status in ("passed", "failed", "scoring"):  # an engine death stays an error
+                    run.status = "failed" if verdict == "fail" else "passed"
+        results = []
+        with session_scope(url) as session:
+            details = [queries.run_detail(session, run).model_dump(mode="json") for run in session.scalars(
+                select(Run).order_by(Run.id))]  # fmt: skip
+        for detail in details:
+            row = next((r for r in gate_e2e.rows() if r.profile == detail["profile"] and _matches(r, detail)), None)
+            if row is not None:
+                results.append((row, detail, None, row.check(detail)))
+        print(gate_e2e.table(results))
+        if args.save:
+            shutil.copy(copy, args.save)
+    return 0 if all(not problems for *_, problems in results) else 1
+
+
+def _matches(row: gate_e2e.Row, detail: dict[str, object]) -> bool:
+    """A stored run is the row whose arms it ran (A/B, legacy, or the profile's own variant)."""
+    variants = detail["variants"] or list(detail["engine"])  # type: ignore[call-overload]
+    if "--compare" in row.args:
+        return bool(detail["variants"])
+    if "--variant" in row.args:
+        return variants == [row.args[row.args.index("--variant") + 1]]
+    return not detail["variants"] and variants == ["fixed"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
