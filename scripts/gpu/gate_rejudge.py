@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sqlite3
 import sys
 import tempfile
 from pathlib import Path
@@ -82,8 +83,9 @@ def main() -> int:
             if row is not None:
                 results.append((row, detail, None, row.check(detail)))
         print(gate_e2e.table(results))
-        if args.save:
-            shutil.copy(copy, args.save)
+        if args.save:  # SQLite's backup: the re-judged rows may still be in the WAL
+            with sqlite3.connect(copy) as source, sqlite3.connect(args.save) as saved:
+                source.backup(saved)
     return 0 if all(not problems for *_, problems in results) else 1
 
 

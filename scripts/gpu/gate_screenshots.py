@@ -53,12 +53,12 @@ def main() -> int:
                           f"/runs/{run['id']}/samples")]  # fmt: skip
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=args.chromium, args=["--no-sandbox"])
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page = browser.new_page(viewport={"width": 1400, "height": 1500})
                 for name, path in pages:
                     page.goto(url + path)
                     page.wait_for_load_state("networkidle")
                     shot = args.out / f"{args.prefix}-{name}.png"
-                    page.screenshot(path=str(shot), full_page=not name.endswith("samples"))
+                    page.screenshot(path=str(shot))  # the top of the page: metrics and verdicts
                     print(shot)
                 browser.close()
         finally:
