@@ -115,6 +115,22 @@ def start_service(tmp_path: Path) -> Iterator[StartService]:
         service.stop()
 
 
+@pytest.fixture(scope="module")
+def idle_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveService]:
+    """A `kvcanary serve` without a worker on a SQLite folder of its own, shared by one module."""
+    folder = tmp_path_factory.mktemp("idle") / "data"
+    folder.mkdir()
+    env = {**os.environ, **OFFLINE_ENV, "KVCANARY_DATA_DIR": str(folder), "KVCANARY_START_WORKER": "false"}
+    live = LiveService(folder, env)
+    live.start()
+    yield live
+    live.stop()
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
 def _fresh_postgres_database(server_url: str) -> str:
     """A new, empty database on the test PostgreSQL server; its URL."""
     import uuid

@@ -97,11 +97,13 @@ def latest_run(gate: dict[str, Any]) -> dict[str, Any]:
     return detail
 
 
-def queue_run(gate: dict[str, Any]) -> int:
+def queue_run(gate: dict[str, Any], compare: bool = False) -> int:
+    """A run of the fixture profile; with `compare`, stock vs fixed on 100 questions."""
+    body: dict[str, Any] = {"profile": PROFILE}
+    if compare:
+        body |= {"compare": ["stock", "fixed"], "overrides": {"limit": 100}}
     response = httpx.post(
-        f"{gate['service'].url}/api/v1/runs",
-        json={"profile": PROFILE},
-        headers={"Authorization": f"Bearer {gate['ci']}"},
+        f"{gate['service'].url}/api/v1/runs", json=body, headers={"Authorization": f"Bearer {gate['ci']}"}
     )
     assert response.status_code == 201, response.text
     run_id: int = response.json()["id"]
@@ -169,13 +171,7 @@ def test_engine_killed_in_one_arm_ends_the_run_as_error_and_the_other_arm_is_sti
 ) -> None:
     """An A/B run whose stock engine dies mid-suite: the fixed arm still runs and is judged;
     the run ends `error` with one line naming the dead arm, the moment and the cause."""
-    response = httpx.post(
-        f"{gate['service'].url}/api/v1/runs",
-        json={"profile": PROFILE, "compare": ["stock", "fixed"], "overrides": {"limit": 100}},
-        headers={"Authorization": f"Bearer {gate['ci']}"},
-    )
-    assert response.status_code == 201, response.text
-    run_id = response.json()["id"]
+    run_id = queue_run(gate, compare=True)
     wait_for(lambda: stored_samples(gate, run_id), 300, "the stock arm's first samples")
     engine_pid = wait_for(lambda: run_row(gate, run_id).engine_pid, 60, "the engine pid")
     os.killpg(engine_pid, signal.SIGKILL)
@@ -235,13 +231,7 @@ def test_ab_request_judges_one_variant_against_the_other_on_the_same_prompts(gat
     comparison must find no flip and pass; both arms' samples are stored on the same keys."""
     gate["service"].stop()
     gate["service"] = gate["launch"](write_profiles(gate["root"] / "profiles"))
-    response = httpx.post(
-        f"{gate['service'].url}/api/v1/runs",
-        json={"profile": PROFILE, "compare": ["stock", "fixed"], "overrides": {"limit": 100}},
-        headers={"Authorization": f"Bearer {gate['ci']}"},
-    )
-    assert response.status_code == 201, response.text
-    run_id = response.json()["id"]
+    run_id = queue_run(gate, compare=True)
     wait_for(lambda: run_row(gate, run_id).status in ("passed", "failed", "error"), RUN_TIMEOUT_S, "the A/B run")
     run = httpx.get(f"{gate['service'].url}/api/v1/runs/{run_id}").json()
     assert run["status"] == "passed", run["error"] or run["verdict_summary"]

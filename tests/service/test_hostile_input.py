@@ -6,7 +6,6 @@ One service serves the whole module (each test uses its own names, keys and toke
 
 from __future__ import annotations
 
-import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,26 +15,15 @@ import pytest
 
 from service.auth import Role
 from service.db.migrate import upgrade
-from tests.conftest import OFFLINE_ENV
-from tests.service.conftest import LiveService
+from tests.service.conftest import LiveService, bearer
 
 PROFILE = "kimi-linear-48b-a3b"
 TOO_BIG = 2**63
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveService]:
-    folder = tmp_path_factory.mktemp("hostile") / "data"
-    folder.mkdir()
-    env = {**os.environ, **OFFLINE_ENV, "KVCANARY_DATA_DIR": str(folder), "KVCANARY_START_WORKER": "false"}
-    live = LiveService(folder, env)
-    live.start()
-    yield live
-    live.stop()
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
+def service(idle_service: LiveService) -> LiveService:
+    return idle_service
 
 
 JSON = {"Content-Type": "application/json"}

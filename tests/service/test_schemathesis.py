@@ -4,9 +4,6 @@ every status documented. Bounded examples keep it to CI's budget."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -21,7 +18,6 @@ from schemathesis.specs.openapi.checks import (
 
 from service.auth import Role, create_token
 from service.db.session import session_scope
-from tests.conftest import OFFLINE_ENV
 from tests.service.conftest import LiveService
 
 CHECKS = [not_a_server_error, status_code_conformance, response_schema_conformance, content_type_conformance]
@@ -30,14 +26,8 @@ EXAMPLES = 12
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveService]:
-    folder = tmp_path_factory.mktemp("fuzz") / "data"
-    folder.mkdir()
-    env = {**os.environ, **OFFLINE_ENV, "KVCANARY_DATA_DIR": str(folder), "KVCANARY_START_WORKER": "false"}
-    live = LiveService(folder, env)
-    live.start()
-    yield live
-    live.stop()
+def service(idle_service: LiveService) -> LiveService:
+    return idle_service
 
 
 @pytest.fixture(scope="module")

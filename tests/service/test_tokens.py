@@ -3,9 +3,7 @@ and CSRF on cookie-authenticated changes, against a real `kvcanary serve` on SQL
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 
 import httpx
@@ -16,25 +14,14 @@ from service.auth import Role, create_token
 from service.db.models import ApiToken, utcnow
 from service.db.session import session_scope
 from service.settings import get_settings
-from tests.conftest import OFFLINE_ENV
-from tests.service.conftest import LiveService
+from tests.service.conftest import LiveService, bearer
 
 PROFILE = "kimi-linear-48b-a3b"
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveService]:
-    folder = tmp_path_factory.mktemp("tokens") / "data"
-    folder.mkdir()
-    env = {**os.environ, **OFFLINE_ENV, "KVCANARY_DATA_DIR": str(folder), "KVCANARY_START_WORKER": "false"}
-    live = LiveService(folder, env)
-    live.start()
-    yield live
-    live.stop()
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
+def service(idle_service: LiveService) -> LiveService:
+    return idle_service
 
 
 def _row(service: LiveService, name: str) -> ApiToken:
