@@ -31,7 +31,6 @@ from evals.suites.base import (
     MetricSpec,
     MetricValue,
     Sample,
-    SuiteAborted,
     SuiteConfig,
     SuiteContext,
     SuiteDefinition,
@@ -40,9 +39,8 @@ from evals.suites.base import (
 from evals.suites.lm_eval_client import (
     EMIT_EVERY,
     EMIT_INTERVAL_S,
-    Stopped,
+    evaluate,
     known_answers,
-    lm_eval_log_to,
     observed_model_class,
 )
 
@@ -199,7 +197,6 @@ def _metrics(results: Mapping[str, Any], n: int) -> list[MetricValue]:
 
 
 def run(context: SuiteContext) -> SuiteOutcome:
-    from lm_eval import simple_evaluate
 
     config: Gsm8kConfig = context.config
     manager, task = load_task(config, context.work_dir)
@@ -216,22 +213,18 @@ def run(context: SuiteContext) -> SuiteOutcome:
         tokenizer_backend=None,
     )
     try:
-        with lm_eval_log_to(context.work_dir / "lm_eval.log"):
-            results = simple_evaluate(
-                model=model,
-                tasks=[task],
-                task_manager=manager,
-                num_fewshot=config.num_fewshot,
-                limit=config.limit,
-                log_samples=True,
-                fewshot_random_seed=config.fewshot_seed,
-            )
-    except Stopped:
-        raise SuiteAborted(f"gsm8k: stopped after {len(collector.samples)} of {collector.total} answers") from None
-    except Exception as exc:
-        if context.should_stop():
-            raise SuiteAborted(f"gsm8k: the engine went away after {len(collector.samples)} answers: {exc}") from exc
-        raise
+        results = evaluate(
+            context,
+            TASK,
+            lambda: f"{len(collector.samples)} of {collector.total} answers",
+            model=model,
+            tasks=[task],
+            task_manager=manager,
+            num_fewshot=config.num_fewshot,
+            limit=config.limit,
+            log_samples=True,
+            fewshot_random_seed=config.fewshot_seed,
+        )
     finally:
         collector.flush()
     samples = sorted(collector.samples.values(), key=lambda s: s.key)

@@ -12,11 +12,11 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from evals.suites.base import SuiteContext
+from evals.suites.base import SuiteAborted, SuiteContext
 
 EMIT_EVERY = 32
 EMIT_INTERVAL_S = 2.0
@@ -63,6 +63,22 @@ def lm_eval_log_to(path: Path) -> Iterator[None]:
     finally:
         logger.handlers, logger.propagate = saved
         handler.close()
+
+
+def evaluate(context: SuiteContext, suite: str, done: Callable[[], str], **arguments: Any) -> Any:
+    """lm-eval's `simple_evaluate`, its log in the suite's folder; a stop or a dead engine becomes
+    SuiteAborted saying how far it got (`done()`, e.g. "12 of 200 answers")."""
+    from lm_eval import simple_evaluate
+
+    try:
+        with lm_eval_log_to(context.work_dir / "lm_eval.log"):
+            return simple_evaluate(**arguments)
+    except Stopped:
+        raise SuiteAborted(f"{suite}: stopped after {done()}") from None
+    except Exception as exc:
+        if context.should_stop():
+            raise SuiteAborted(f"{suite}: the engine went away after {done()}: {exc}") from exc
+        raise
 
 
 def known_answers(context: SuiteContext) -> dict[str, str]:

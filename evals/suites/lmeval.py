@@ -25,13 +25,12 @@ from evals.metric_kinds import ACCURACY
 from evals.suites.base import (
     MetricValue,
     Sample,
-    SuiteAborted,
     SuiteConfig,
     SuiteContext,
     SuiteDefinition,
     SuiteOutcome,
 )
-from evals.suites.lm_eval_client import Stopped, known_answers, lm_eval_log_to, observed_model_class
+from evals.suites.lm_eval_client import evaluate, known_answers, observed_model_class
 
 NAME = "lm-eval"
 TASKS_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "lm_eval_tasks"
@@ -180,7 +179,6 @@ def _metrics(results: Mapping[str, Any], config: LmEvalConfig, samples: Sequence
 
 
 def run(context: SuiteContext) -> SuiteOutcome:
-    from lm_eval import simple_evaluate
 
     config: LmEvalConfig = context.config
     manager = task_manager(config)
@@ -201,27 +199,22 @@ def run(context: SuiteContext) -> SuiteOutcome:
         tokenizer=context.model_path,
         add_bos_token=True,
     )
-    try:
-        with lm_eval_log_to(context.work_dir / "lm_eval.log"):
-            results = simple_evaluate(
-                model=model,
-                tasks=[task.name for task in config.tasks],
-                task_manager=manager,
-                num_fewshot=config.num_fewshot,
-                limit=config.limit,
-                log_samples=True,
-                fewshot_random_seed=config.fewshot_seed,
-                gen_kwargs=config.gen_kwargs,
-                apply_chat_template=chat,
-                fewshot_as_multiturn=config.fewshot_as_multiturn,
-                metadata=config.metadata,
-            )
-    except Stopped:
-        raise SuiteAborted(f"lm-eval: stopped after {progress.done} of {progress.total} requests") from None
-    except Exception as exc:
-        if context.should_stop():
-            raise SuiteAborted(f"lm-eval: the engine went away after {progress.done} requests: {exc}") from exc
-        raise
+    results = evaluate(
+        context,
+        NAME,
+        lambda: f"{progress.done} of {progress.total} requests",
+        model=model,
+        tasks=[task.name for task in config.tasks],
+        task_manager=manager,
+        num_fewshot=config.num_fewshot,
+        limit=config.limit,
+        log_samples=True,
+        fewshot_random_seed=config.fewshot_seed,
+        gen_kwargs=config.gen_kwargs,
+        apply_chat_template=chat,
+        fewshot_as_multiturn=config.fewshot_as_multiturn,
+        metadata=config.metadata,
+    )
     samples = _samples(results, config)
     context.emit_samples(samples)
     generated = [s for s in samples if s.prompt]
