@@ -10,6 +10,9 @@ its suite's module) and one dashboard partial per view, with no branch added els
   or wrong reuses it.
 - `wer`: per-utterance word error counts, lower is better, corpus WER with a bootstrap
   interval and a paired bootstrap when paired.
+
+The drift suite declares its own kind (`drift`, in `evals/suites/drift.py`); the generic
+lm-eval suite reports every metric its profile names as `accuracy` (its open kind).
 """
 
 from __future__ import annotations

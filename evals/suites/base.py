@@ -13,11 +13,12 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from evals.metric_kinds import MetricKind
+if TYPE_CHECKING:  # the kinds compute with numpy; the bare client install has none
+    from evals.metric_kinds import MetricKind
 
 
 class SuiteAborted(RuntimeError):

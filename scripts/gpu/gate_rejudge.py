@@ -12,7 +12,6 @@ with each row's check. The original database is not touched.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sqlite3
 import sys
 import tempfile
@@ -56,7 +55,8 @@ def main() -> int:
     profiles = load_profiles(PACKAGED_PROFILES)
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "kvcanary.db"
-        shutil.copy(args.database, copy)
+        with sqlite3.connect(args.database) as source, sqlite3.connect(copy) as target:
+            source.backup(target)  # a live database's last writes may be in its WAL
         url = f"sqlite:///{copy}"
         upgrade(url)
         with session_scope(url) as session:

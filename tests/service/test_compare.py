@@ -209,3 +209,11 @@ def test_drift_rows_diff_by_first_divergence_and_page_shows_worst_first(client: 
     page = client.get(f"/runs/{run}/samples", params={"suite": "drift", "arm": "fixed"})
     assert page.status_code == 200, page.text
     assert page.text.count('class="tok first-divergence"') == 2 and "not close" in page.text
+
+
+def test_samples_view_of_a_suite_whose_profile_names_its_metrics() -> None:
+    """The generic lm-eval suite declares no metric (its profile's config names them): its samples
+    show as its open kind, as do a no-longer-registered suite's, as items."""
+    from service.dashboard.runs import _shown_kind
+
+    assert (_shown_kind("lm-eval"), _shown_kind("wer"), _shown_kind("gone")) == ("accuracy", "wer", "accuracy")

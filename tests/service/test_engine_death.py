@@ -7,11 +7,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
+from service.app import create_app
+from service.auth import create_token
+from service.db.session import session_scope
 from service.engine.death import CUDA_ASYNC_NOTE, EngineDied, diagnose, diagnose_file
 from service.engine.gpus import refusal, visible_gpus
 from service.profiles import load_profiles
-from service.settings import PACKAGED_PROFILES
+from service.roles import Role
+from service.settings import PACKAGED_PROFILES, Settings
+from tests.service.conftest import bearer
 
 # Lines as vLLM 0.24 writes them when an MLA decode kernel faults: the error surfaces in a
 # later cuBLAS call of the engine core, then the API server reports the dead engine.
@@ -90,3 +96,16 @@ def test_kvcanary_run_refuses_a_gpu_profile_on_a_cpu_host(tmp_path: Path) -> Non
     assert done.returncode == 2, done.stdout + done.stderr
     assert "needs 1 GPU" in done.stdout and "shows 0" in done.stdout
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_the_api_refuses_a_gpu_profile_its_own_worker_would_run_here(tmp_path: Path) -> None:
+    if visible_gpus() > 0:
+        pytest.skip("this host has a GPU; the refusal is for hosts without one")
+    settings = Settings(data_dir=tmp_path / "data", start_worker=True)
+    with TestClient(create_app(settings)) as client:
+        with session_scope(settings.resolved_database_url()) as session:
+            token = create_token(session, "ci", Role.CI)
+        answer = client.post("/api/v1/runs", json={"profile": "gsm8k-tiny-gpu"}, headers=bearer(token))
+        assert answer.status_code == 422, answer.text
+        assert "needs 1 GPU" in answer.text and "shows 0" in answer.text
+        assert client.get("/api/v1/runs").json()["total"] == 0
