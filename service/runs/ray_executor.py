@@ -44,6 +44,8 @@ WAITING_EVENT = "ray_waiting"
 # Beyond the engine's own stop grace: time the pipeline gets to end a cancelled run itself.
 CANCEL_GRACE_S = 15.0
 RAY_NAMESPACE = "kvcanary"
+CONNECT_ATTEMPTS = 3
+CONNECT_RETRY_S = 2.0
 
 
 def wants_gpu(profile: Profile) -> bool:
@@ -141,13 +143,20 @@ class RayDispatcher:
         # ray.init installs a SIGTERM handler that exits at once; keep the service's own, which
         # stops this dispatcher first (see shutdown).
         own_handler = signal.getsignal(signal.SIGTERM)
-        try:
-            ray.init(address=settings.ray_address, namespace=RAY_NAMESPACE, log_to_driver=False)
-        except (ConnectionError, RuntimeError) as exc:
-            raise RuntimeError(
-                f"cannot reach the Ray cluster at KVCANARY_RAY_ADDRESS={settings.ray_address!r}: {exc}; "
-                "start it (`ray start --head`) or fix the address"
-            ) from exc
+        for attempt in range(1, CONNECT_ATTEMPTS + 1):
+            try:
+                ray.init(address=settings.ray_address, namespace=RAY_NAMESPACE, log_to_driver=False)
+                break
+            except (ConnectionError, RuntimeError) as exc:
+                # Ray Client's head starts a server process per connection, and that start
+                # sometimes fails ("Starting Ray client server failed"); a new connection works.
+                if attempt == CONNECT_ATTEMPTS:
+                    raise RuntimeError(
+                        f"cannot reach the Ray cluster at KVCANARY_RAY_ADDRESS={settings.ray_address!r} "
+                        f"after {attempt} attempts: {exc}; start it (`ray start --head`) or fix the address"
+                    ) from exc
+                log.warning("connecting to Ray failed (attempt %d of %d): %s", attempt, CONNECT_ATTEMPTS, exc)
+                time.sleep(CONNECT_RETRY_S)
         if own_handler is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, own_handler)
         self._task = ray.remote(run_on_node)

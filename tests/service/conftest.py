@@ -92,7 +92,9 @@ def start_service(tmp_path: Path) -> Iterator[StartService]:
     """`start_service(worker=False, **env)` starts `kvcanary serve` and stops it after the test."""
     started: list[LiveService] = []
 
-    def start(worker: bool = False, data_dir: Path | None = None, **extra_env: str) -> LiveService:
+    def start(
+        worker: bool = False, data_dir: Path | None = None, start_timeout_s: float = 60, **extra_env: str
+    ) -> LiveService:
         if worker and extra_env.get("KVCANARY_EXECUTOR", "local") == "local":
             require_engine_mark("a service whose worker runs engines here")
         folder = data_dir or tmp_path / "data"
@@ -106,7 +108,7 @@ def start_service(tmp_path: Path) -> Iterator[StartService]:
             **extra_env,
         }
         service = LiveService(folder, env)
-        service.start()
+        service.start(start_timeout_s)
         started.append(service)
         return service
 

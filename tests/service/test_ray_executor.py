@@ -307,6 +307,7 @@ def replicas(
             start_service(
                 worker=True,
                 data_dir=tmp_path / f"replica-{i}",
+                start_timeout_s=150,  # a Ray Client connection whose server fails to start is retried
                 KVCANARY_DATABASE_URL=shared_db,
                 KVCANARY_EXECUTOR="ray",
                 KVCANARY_RAY_ADDRESS=cluster.service_address(how),
