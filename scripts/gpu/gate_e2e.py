@@ -5,7 +5,7 @@ launcher, suites, scoring and store); the table printed at the end is read back 
 service's API, and each row is checked against what the gate must show. Run it through
 `scripts/gpu/gate_e2e.sh`, which sets up vLLM and kvcanary's dependencies first.
 
-    python scripts/gpu/gate_e2e.py --out OUT [--rows gsm8k,whisper,mla,legacy,tp2]
+    python scripts/gpu/gate_e2e.py --out OUT [--rows gsm8k,whisper,mla,legacy,tp2,drift]
 """
 
 from __future__ import annotations
@@ -92,6 +92,16 @@ def rows() -> list[Row]:
             lambda r: _broken(r, "stock") + _arm_verdicts(r, "fixed", {"pass"}) + _on_path(r, "fixed")),
         Row("mla-legacy", "legacy", "gsm8k-tiny-mla-gpu", ("--variant", "legacy", *high), "as stock",
             lambda r: _broken(r, "legacy") + _on_path(r, "legacy")),
+        Row("drift-ab", "drift", "drift-tiny-gpu", ab, "fixed within stock's A/A floor",
+            lambda r: _status(r, "passed") + _arm_verdicts(r, "fixed", {"pass"}) + _on_path(r, "fixed")),
+        Row("drift-legacy-nan", "drift", "drift-tiny-gpu", ("--compare", "stock,legacy", *nan),
+            "legacy within the floor: causal attention never reads the NaN tails (the tail bug is non-causal)",
+            lambda r: _status(r, "passed") + _arm_verdicts(r, "legacy", {"pass"}) + _on_path(r, "legacy")),
+        Row("drift-mla-ab", "drift", "drift-tiny-mla-gpu", ab, "fixed within stock's A/A floor (decode on our kernel)",
+            lambda r: _status(r, "passed") + _arm_verdicts(r, "fixed", {"pass"}) + _on_path(r, "fixed")),
+        Row("drift-mla-legacy", "drift", "drift-tiny-mla-gpu", ("--compare", "fixed,legacy", *high),
+            "legacy drifts from fixed (wrong pages): fails",
+            lambda r: _status(r, "failed") + _arm_verdicts(r, "legacy", {"fail"}) + _on_path(r, "legacy")),
     ]  # fmt: skip
 
 
@@ -146,7 +156,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for the data dir, logs, JUnit and table")
     parser.add_argument(
-        "--rows", default="gsm8k,whisper,mla,legacy", help="groups (gsm8k,whisper,mla,legacy,tp2) or row keys"
+        "--rows", default="gsm8k,whisper,mla,legacy", help="groups (gsm8k,whisper,mla,legacy,tp2,drift) or row keys"
     )
     parser.add_argument("--port", type=int, default=8077)
     args = parser.parse_args()
