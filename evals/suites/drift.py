@@ -102,8 +102,15 @@ def _gsm8k_texts(config: DriftConfig) -> list[tuple[str, str]]:
     return [(f"gsm8k-{i:04d}", f"{head}Question: {item['question']}\nAnswer:") for i, item in enumerate(items)]
 
 
+def fits(prompt_tokens: int, max_tokens: int, max_len: int) -> bool:
+    """Whether both passes fit the model: the teacher-forced one sends prompt + continuation
+    (up to `max_tokens`) as a prompt and asks for one more token."""
+    return prompt_tokens + max_tokens + 1 <= max_len
+
+
 def edge_lengths(block_size: int, max_tokens: int, max_len: int) -> dict[str, int]:
-    """Prompt token counts that put seq_len mod block_size on the edges, by what they probe."""
+    """Prompt token counts that put seq_len mod block_size on the edges, by what they probe;
+    those too long for the model are left out."""
     lengths = {
         "prefill-mod0": 2 * block_size,
         "prefill-mod1": 2 * block_size + 1,
@@ -112,7 +119,7 @@ def edge_lengths(block_size: int, max_tokens: int, max_len: int) -> dict[str, in
     crossing = 3 * block_size - max(1, max_tokens // 2)  # decode steps reach mod B-1, 0, 1 mid-way
     if crossing > 0:
         lengths["decode-cross"] = crossing
-    return {key: n for key, n in lengths.items() if n + max_tokens <= max_len}
+    return {key: n for key, n in lengths.items() if fits(n, max_tokens, max_len)}
 
 
 class _NotFinite(Exception):
@@ -229,6 +236,11 @@ async def _prompts(client: _Client, config: DriftConfig) -> list[Prompt]:
     max_len = 0
     for key, text in _gsm8k_texts(config):
         ids, max_len = await client.tokenize(text)
+        if max_len and not fits(len(ids), config.max_tokens, max_len):
+            raise ValueError(
+                f"drift: prompt {key} has {len(ids)} tokens; with max_tokens {config.max_tokens} the teacher-forced "
+                f"pass needs {len(ids) + config.max_tokens + 1} > {max_len} positions; lower num_fewshot or max_tokens"
+            )
         prompts.append(Prompt(key, text, ids))
     if config.edge_lengths and prompts:
         block = await client.block_size()

@@ -104,3 +104,16 @@ def test_the_reference_arm_alone_reports_its_floor() -> None:
 def test_clustered_interval_covers_the_mean() -> None:
     low, high = clustered_mean_interval([0.0, 0.1, 0.2, 0.3] * 5)
     assert low < 0.15 < high
+
+
+def test_edge_lengths_leave_room_for_the_teacher_forced_pass() -> None:
+    """The teacher-forced pass sends prompt + continuation and asks for one more token: an
+    MLA model with 1,024 positions and 480-token pages once got a 1,024-token prompt (HTTP 400)."""
+    from evals.suites.drift import edge_lengths, fits
+
+    assert edge_lengths(480, 64, 1024) == {}
+    assert edge_lengths(480, 63, 1024) == {"prefill-mod0": 960}
+    assert fits(960, 63, 1024) and not fits(960, 64, 1024)
+    lengths = edge_lengths(16, 64, 4096)
+    assert set(lengths) == {"prefill-mod0", "prefill-mod1", "prefill-mod15", "decode-cross"}
+    assert [lengths[k] % 16 for k in ("prefill-mod0", "prefill-mod1", "prefill-mod15")] == [0, 1, 15]
