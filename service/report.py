@@ -28,7 +28,10 @@ VERDICT_STYLE = {"pass": "green", "fail": "bold red", "inconclusive": "yellow", 
 
 
 def _number(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4f}"
+    """Four decimals, or four significant digits below 1e-3 (a drift KL of 4e-06 nats is not 0.0000)."""
+    if value is None:
+        return "-"
+    return f"{value:.4g}" if 0 < abs(value) < 1e-3 else f"{value:.4f}"
 
 
 def print_run(run: RunDetail, console: Console | None = None) -> None:
@@ -67,7 +70,7 @@ def _case(suite: ET.Element, metric: MetricOut) -> None:
         suite, "testcase", classname=f"kvcanary.{metric.suite}", name=f"{metric.metric} [{metric.arm}]"
     )
     message = (
-        f"{metric.suite}.{metric.metric} = {metric.value:.4f} (n={metric.n}, baseline {_number(metric.baseline)}, "
+        f"{metric.suite}.{metric.metric} = {_number(metric.value)} (n={metric.n}, baseline {_number(metric.baseline)}, "
         f"threshold {_number(metric.threshold)}): {metric.verdict}. {metric.explanation}"
     )
     if metric.verdict == "fail":

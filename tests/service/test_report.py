@@ -51,3 +51,15 @@ def test_a_terminal_width_is_still_honoured(
     monkeypatch.setenv("COLUMNS", "60")
     print_run(_run(), cli_console())
     assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 60
+
+
+def test_a_tiny_value_keeps_its_significant_digits(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A drift KL of 4e-06 nats (fixed against stock on a GPU host) is not printed as 0.0000."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    run = _run()
+    run.metrics[0].value, run.metrics[0].ci_low, run.metrics[0].ci_high = 4.0315e-06, 0.0, 6.39e-06
+    print_run(run, cli_console())
+    [row] = [line for line in capsys.readouterr().out.splitlines() if METRIC in line and "│" in line]
+    assert "4.032e-06" in row and "0.0000..6.39e-06" in row, row
