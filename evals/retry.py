@@ -1,5 +1,5 @@
-"""One retry rule for every HTTP call kvcanary repeats: the WER suite's transcription requests
-and the alert webhooks.
+"""One retry rule for every HTTP call kvcanary repeats: the WER suite's transcription requests,
+the drift suite's completions and the alert webhooks.
 
 Worth another try: a transport error (refused or reset connection, a timeout), 408, 429 and
 any 5xx; any other status is the receiver's final answer. A `Retry-After` header (seconds or

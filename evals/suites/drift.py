@@ -34,8 +34,9 @@ from typing import Any
 
 import httpx
 from pydantic import Field
+from tenacity import AsyncRetrying
 
-from evals import fixtures
+from evals import fixtures, retry
 from evals.diff import SampleLike, diff_drift
 from evals.logprob_drift import (
     DEFAULT_KL_TOLERANCE,
@@ -62,6 +63,8 @@ from evals.suites.base import (
 NAME = "drift"
 METRIC = "kl"
 NON_FINITE_SEVERITY = 1e30  # above any KL, and still a JSON number (an infinity is not)
+BACKOFF_S = 0.5
+BACKOFF_CAP_S = 8.0
 _BLOCK_SIZE = re.compile(r'vllm:cache_config_info\{[^}]*block_size="(\d+)"')
 
 
@@ -136,24 +139,32 @@ class _Client:
         self.base = context.server_url.rstrip("/")
 
     async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        error = ""
-        for _attempt in range(self.config.max_retries + 1):
+        """POST with the project's one retry rule (`evals.retry`); 200 or an error naming the cause."""
+        attempts = 0
+
+        async def send() -> httpx.Response:
+            nonlocal attempts
             if self.context.should_stop():
                 raise SuiteAborted("drift: the run was stopped")
-            try:
-                response = await self.client.post(f"{self.base}{path}", json=body)
-            except httpx.HTTPError as exc:
-                error = f"{type(exc).__name__}: {exc}"
-                continue
+            attempts += 1
+            return retry.check(await self.client.post(f"{self.base}{path}", json=body))
+
+        try:
+            response: httpx.Response = await AsyncRetrying(
+                **retry.policy(self.config.max_retries + 1, BACKOFF_S, BACKOFF_CAP_S)
+            )(send)
+        except retry.RetryableStatus as exc:
+            error = str(exc)
+        except httpx.HTTPError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        else:
             if response.status_code == 200:
                 found: dict[str, Any] = response.json()
                 return found
             error = f"HTTP {response.status_code}: {response.text[:300]}"
             if response.status_code == 400 and "Out of range float values" in response.text:
                 raise _NotFinite(error)
-            if response.status_code < 500 and response.status_code != 429:
-                break
-        raise RuntimeError(f"drift: {path} failed after {self.config.max_retries + 1} attempt(s): {error}")
+        raise RuntimeError(f"drift: {path} failed after {attempts} attempt(s): {error}")
 
     async def tokenize(self, text: str) -> tuple[list[int], int]:
         found = await self.post("/tokenize", {"model": self.context.served_model_name, "prompt": text})
