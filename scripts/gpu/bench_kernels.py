@@ -8,7 +8,7 @@ on Hopper, FlashAttention-3 (GQA) and FlashMLA (MLA), all from the folder ``--vl
 (see scripts/gpu/vllm_ref.py); a kernel that does not load prints as '—' with the reason.
 Times are medians of CUDA-graph replays (decode runs under CUDA graphs in vLLM) timed in
 interleaved rounds; every kernel gets the launch vLLM's call site gives it. Sections: the
-uniform GQA and MLA cases, the ragged-batch table (scripts/gpu/ragged_batches.py), the NaN
+uniform GQA and MLA cases, the ragged-batch table (scripts/gpu/bench_ragged.py), the NaN
 block tails, the int32 page offsets. The result table is printed last and written to
 ``--out`` (default ``$OUT`` or ``.``) as bench.txt and bench.json.
 
@@ -33,7 +33,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -44,17 +44,10 @@ import triton.testing
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from ragged_batches import (  # noqa: E402
-    LOGNORMAL_CLIP,
-    LOGNORMAL_MEDIAN,
-    LOGNORMAL_P99,
-    RaggedCase,
-    format_ragged_table,
-    ragged_cases,
-    ragged_page_table,
-    ragged_row,
-)
-from vllm_ref import Peers, load_peers, load_vllm, make_vllm_ref  # noqa: E402
+from bench_ragged import ragged_rows  # noqa: E402
+from cuda_timing import DEVICE, DTYPE, paired_ms, timed_ms  # noqa: E402
+from ragged_batches import LOGNORMAL_CLIP, LOGNORMAL_MEDIAN, LOGNORMAL_P99, format_ragged_table  # noqa: E402
+from vllm_ref import Peers, load_peers, load_vllm, make_vllm_ref, vllm_unified_decode  # noqa: E402
 
 from kernels._launch import LaunchConfig, sm_count  # noqa: E402
 from kernels.decode_attention import decode_attention_fwd  # noqa: E402
@@ -65,26 +58,7 @@ from kernels.reference import (  # noqa: E402
 )
 from kernels.unified_attention import unified_attention  # noqa: E402
 
-DEVICE = "cuda"
-DTYPE = torch.bfloat16
 ROWS: list[dict[str, Any]] = []
-
-
-def timed_ms(fn: Callable[[], object], rep: int = 40) -> float:
-    """Median of CUDA-graph replays, in ms (about ``rep`` ms of replays, 11 times)."""
-    fn()
-    torch.cuda.synchronize()
-    return float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
-
-
-def paired_ms(fns: Mapping[str, Callable[[], object]], rounds: int = 3, rep: int = 40) -> dict[str, float]:
-    """Median times of several functions timed in interleaved rounds, so that drift in the
-    card's clocks does not bias a ratio."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            times[name].append(timed_ms(fn, rep))
-    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
 def ratios(
@@ -119,37 +93,6 @@ def record(table: str, **fields: Any) -> None:
 
 
 # ---------------------------------------------------------------- unified attention, GQA decode
-def vllm_unified_decode(
-    vllm_unified: ModuleType,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    cu: torch.Tensor,
-    lens: torch.Tensor,
-    max_len: int,
-    scale: float,
-    table: torch.Tensor,
-) -> Callable[[], None]:
-    """vLLM 0.24's unified Triton kernel called as its TRITON_ATTN backend calls it for a
-    decode batch: the 3D (split) path below 128 / kv_heads sequences, 16 softmax segments,
-    layer scales of 1."""
-    q_heads, head = q.shape[1:]
-    kv_heads = k.shape[2]
-    segments, threshold = 16, 128 // kv_heads
-    segm_out = torch.empty(threshold, q_heads, segments, head, device=DEVICE)
-    segm_max = torch.empty(threshold, q_heads, segments, device=DEVICE)
-    segm_sum = torch.empty_like(segm_max)
-    ones = torch.ones(lens.shape[0], kv_heads, device=DEVICE)
-    return lambda: vllm_unified.unified_attention(
-        q=q, k=k, v=v, out=out, cu_seqlens_q=cu, max_seqlen_q=1, seqused_k=lens, max_seqlen_k=max_len,
-        softmax_scale=scale, causal=True, window_size=(-1, -1), block_table=table, softcap=0.0,
-        q_descale=None, k_descale=ones, v_descale=ones, seq_threshold_3D=threshold,
-        num_par_softmax_segments=segments, softmax_segm_output=segm_out, softmax_segm_max=segm_max,
-        softmax_segm_expsum=segm_sum,
-    )  # fmt: skip
-
-
 def bench_gqa(
     copy_bps: float, vllm_unified: ModuleType | None, sweep: bool, num_seqs: int = 64, seq_len: int = 8192
 ) -> None:
@@ -250,168 +193,6 @@ def bench_mla(copy_bps: float, vllm_decode: ModuleType | None, num_seqs: int, se
         fn()
         row[f"{kernel}_rel_err"] = relative_error(o, exp_o)
     record(name, **row)
-
-
-# ---------------------------------------------------------------- ragged batches against FA3 and FlashMLA
-FA3_NUM_SPLITS = 32  # vLLM 0.24's flash_attn_max_num_splits_for_cuda_graph: what decode under graphs gets
-
-
-def gqa_case_fns(
-    case: RaggedCase, vllm_unified: ModuleType | None, peers: Peers
-) -> tuple[dict[str, Callable[[], torch.Tensor]], torch.Tensor]:
-    """Each kernel as a call returning its output, on one GQA batch, and the float64 reference."""
-    gen = torch.Generator(device=DEVICE).manual_seed(5)
-    table, num_pages = ragged_page_table(case.lengths, case.page, torch.Generator().manual_seed(5))
-    table = table.to(DEVICE)
-    shape = (num_pages, 2, case.page, case.kv_heads, case.head_size)
-    kv = torch.randn(*shape, generator=gen, device=DEVICE, dtype=DTYPE)
-    k, v = kv.unbind(1)
-    num_seqs, max_len = len(case.lengths), max(case.lengths)
-    q = torch.randn(num_seqs, case.q_heads, case.head_size, generator=gen, device=DEVICE, dtype=DTYPE)
-    cu = torch.arange(num_seqs + 1, dtype=torch.int32, device=DEVICE)
-    lens = torch.tensor(case.lengths, dtype=torch.int32, device=DEVICE)
-    scale = case.head_size**-0.5
-    expected = unified_attention_reference(q, k, v, cu, lens, table, scale, True)
-    out = torch.empty_like(q)
-
-    def ours(variant: str) -> Callable[[], torch.Tensor]:
-        def run() -> torch.Tensor:
-            unified_attention(
-                q, k, v, out, cu, 1, lens, max_len, scale, True, (-1, -1), table, 0.0, None, None, None,
-                variant=variant,
-            )  # fmt: skip
-            return out
-
-        return run
-
-    fns = {"fixed": ours("fixed"), "legacy": ours("legacy")}
-    if vllm_unified is not None:
-        theirs = vllm_unified_decode(vllm_unified, q, k, v, out, cu, lens, max_len, scale, table)
-
-        def vllm_run() -> torch.Tensor:
-            theirs()
-            return out
-
-        fns["vllm"] = vllm_run
-    if peers.fa3 is not None:
-        fa3 = peers.fa3
-        # As vLLM's FLASH_ATTN backend under full CUDA graphs: an ahead-of-time schedule
-        # and at most 32 splits (its metadata builder calls get_scheduler_metadata per step).
-        metadata = fa3.get_scheduler_metadata(
-            batch_size=num_seqs, max_seqlen_q=1, max_seqlen_k=max_len, num_heads_q=case.q_heads,
-            num_heads_kv=case.kv_heads, headdim=case.head_size, cache_seqlens=lens, qkv_dtype=DTYPE,
-            cu_seqlens_q=cu, page_size=case.page, causal=True, window_size=(-1, -1), num_splits=FA3_NUM_SPLITS,
-        )  # fmt: skip
-        peer_out = torch.empty_like(q)
-
-        def peer() -> torch.Tensor:
-            fa3.flash_attn_varlen_func(
-                q=q, k=k, v=v, out=peer_out, cu_seqlens_q=cu, max_seqlen_q=1, seqused_k=lens,
-                max_seqlen_k=max_len, softmax_scale=scale, causal=True, block_table=table,
-                scheduler_metadata=metadata, num_splits=FA3_NUM_SPLITS, fa_version=3,
-            )  # fmt: skip
-            return peer_out
-
-        fns["peer"] = peer
-    return fns, expected
-
-
-def mla_case_fns(
-    case: RaggedCase, vllm_decode: ModuleType | None, peers: Peers
-) -> tuple[dict[str, Callable[[], torch.Tensor]], torch.Tensor]:
-    """Each kernel as a call returning its output, on one MLA batch, and the float64 reference."""
-    gen = torch.Generator(device=DEVICE).manual_seed(6)
-    table, num_pages = ragged_page_table(case.lengths, case.page, torch.Generator().manual_seed(6))
-    table = table.to(DEVICE)
-    lk, lv = 576, 512
-    cache = torch.randn(num_pages, case.page, 1, lk, generator=gen, device=DEVICE, dtype=DTYPE)
-    v_view = cache[..., :lv]
-    num_seqs, max_len = len(case.lengths), max(case.lengths)
-    q = torch.randn(num_seqs, case.q_heads, lk, generator=gen, device=DEVICE, dtype=DTYPE)
-    lens = torch.tensor(case.lengths, dtype=torch.int32, device=DEVICE)
-    scale = lk**-0.5
-    expected, _ = decode_attention_reference(q, cache, v_view, table, lens, scale, case.page)
-    # attn_logits as vLLM 0.24's TRITON_MLA sizes it: splits of >= 512 keys of the longest
-    # sequence, a power of two, at most two per multiprocessor.
-    splits = min(triton.next_power_of_2(max(1, max_len // 512)), 2 * sm_count(torch.device(DEVICE)))
-    logits = torch.empty(num_seqs, case.q_heads, splits, lv + 1, device=DEVICE)
-    o = torch.empty(num_seqs, case.q_heads, lv, device=DEVICE, dtype=DTYPE)
-    lse = torch.empty(num_seqs, case.q_heads, device=DEVICE, dtype=DTYPE)
-    one = torch.ones((), device=DEVICE)
-
-    def ours(variant: str) -> Callable[[], torch.Tensor]:
-        def run() -> torch.Tensor:
-            decode_attention_fwd(
-                q, cache, v_view, o, lse, table, lens, logits, splits, scale, case.page, 0.0, one, one, True,
-                variant=variant,
-            )  # fmt: skip
-            return o
-
-        return run
-
-    fns = {"fixed": ours("fixed"), "legacy": ours("legacy")}
-    if vllm_decode is not None:
-
-        def theirs() -> torch.Tensor:
-            vllm_decode.decode_attention_fwd(
-                q, cache, v_view, o, lse, table, lens, logits, splits, scale, case.page,
-                k_scale=one, v_scale=one, is_mla=True,
-            )  # fmt: skip
-            return o
-
-        fns["vllm"] = theirs
-    if peers.flashmla is not None and case.peer == "FlashMLA":
-        flashmla = peers.flashmla
-        # As vLLM's FLASHMLA backend: a fresh schedule object per step, filled by the first
-        # call (here the warm-up before graph capture) and reused by every later one.
-        metadata = flashmla.get_mla_metadata()[0]
-        q_4d = q[:, None]
-
-        def peer() -> torch.Tensor:
-            out, _ = flashmla.flash_mla_with_kvcache(
-                q_4d, cache, table, lens, lv, metadata, softmax_scale=scale, causal=True, is_fp8_kvcache=False
-            )
-            return out[:, 0]
-
-        fns["peer"] = peer
-    return fns, expected
-
-
-VllmTriton = tuple[ModuleType | None, ModuleType | None]  # vLLM's unified and decode modules
-
-
-def bench_ragged_case(case: RaggedCase, copy_bps: float, vllm: VllmTriton, peers: Peers) -> None:
-    """One row: every kernel's error against the reference (a kernel that raises or is
-    wrong is left out of the timing, with the reason), then interleaved graph timings."""
-    if case.kind == "gqa":
-        fns, expected = gqa_case_fns(case, vllm[0], peers)
-    else:
-        fns, expected = mla_case_fns(case, vllm[1], peers)
-    rel_err: dict[str, float] = {}
-    notes: dict[str, str] = {}
-    for kernel, fn in list(fns.items()):
-        try:
-            rel_err[kernel] = relative_error(fn(), expected)
-            torch.cuda.synchronize()
-        except Exception as exc:  # a peer's refusal or failure is reported, not fatal
-            notes[f"{kernel}_error"] = repr(exc)[:200]
-            del fns[kernel]
-            continue
-        if not rel_err[kernel] < 2e-2:
-            notes[f"{kernel}_error"] = f"rel err {rel_err[kernel]:.2e} against the float64 reference: not timed"
-            del fns[kernel]
-    # Fewer ms of replays for big rows keeps the table near two minutes on an H200.
-    ms = paired_ms(fns, rounds=3, rep=25 if case.kv_bytes < 2**30 else 15) if fns else {}
-    record("ragged", **ragged_row(case, ms, rel_err, copy_bps, notes))
-
-
-def bench_ragged(copy_bps: float, vllm: VllmTriton, peers: Peers, smoke: bool) -> None:
-    for case in ragged_cases(smoke):
-        try:
-            bench_ragged_case(case, copy_bps, vllm, peers)
-        except Exception as exc:  # keep the other rows: an error is a row too
-            record("ragged", case=case.name, error=repr(exc)[:200])
-        torch.cuda.empty_cache()
 
 
 # ---------------------------------------------------------------- bug 1: NaN block tails
@@ -568,7 +349,8 @@ def main() -> None:
         bench_mla(copy_bps, vllm_decode, 32, 8192, args.sweep)
         bench_mla(copy_bps, vllm_decode, 64, 32768, args.sweep)
         torch.cuda.empty_cache()
-    bench_ragged(copy_bps, (vllm_unified, vllm_decode), peers, args.smoke)
+    for row in ragged_rows(copy_bps, (vllm_unified, vllm_decode), peers, args.smoke):
+        record("ragged", **row)
     nan_tail(vllm_unified)
     if not args.smoke:
         int32_pages(vllm_decode is not None, args.vllm_ref)

@@ -13,6 +13,8 @@ of ``vllm`` modules those files import:
 
 The compiled libraries link against the torch vLLM 0.24.0 pins (2.11, CUDA 13): on a host
 with another torch they do not load, and the benchmark prints the reason instead of a peer.
+``load_vllm`` and ``load_peers`` import them; ``vllm_unified_decode`` calls vLLM's unified
+Triton kernel the way its TRITON_ATTN backend does.
 """
 
 import importlib
@@ -22,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+
+import torch
 
 TRITON_SOURCES = (
     "v1/attention/ops/triton_unified_attention.py",
@@ -157,3 +161,34 @@ def load_peers(ref_dir: str | None) -> Peers:
     except Exception as exc:  # any failure means: no FlashMLA column, say why
         flashmla, flashmla_note = None, f"FlashMLA did not import: {exc!r}"
     return Peers(fa3, flashmla, fa3_note, flashmla_note)
+
+
+def vllm_unified_decode(
+    vllm_unified: ModuleType,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    cu: torch.Tensor,
+    lens: torch.Tensor,
+    max_len: int,
+    scale: float,
+    table: torch.Tensor,
+) -> Callable[[], None]:
+    """vLLM 0.24's unified Triton kernel called as its TRITON_ATTN backend calls it for a
+    decode batch: the 3D (split) path below 128 / kv_heads sequences, 16 softmax segments,
+    layer scales of 1."""
+    q_heads, head = q.shape[1:]
+    kv_heads = k.shape[2]
+    segments, threshold = 16, 128 // kv_heads
+    segm_out = torch.empty(threshold, q_heads, segments, head, device=q.device)
+    segm_max = torch.empty(threshold, q_heads, segments, device=q.device)
+    segm_sum = torch.empty_like(segm_max)
+    ones = torch.ones(lens.shape[0], kv_heads, device=q.device)
+    return lambda: vllm_unified.unified_attention(
+        q=q, k=k, v=v, out=out, cu_seqlens_q=cu, max_seqlen_q=1, seqused_k=lens, max_seqlen_k=max_len,
+        softmax_scale=scale, causal=True, window_size=(-1, -1), block_table=table, softcap=0.0,
+        q_descale=None, k_descale=ones, v_descale=ones, seq_threshold_3D=threshold,
+        num_par_softmax_segments=segments, softmax_segm_output=segm_out, softmax_segm_max=segm_max,
+        softmax_segm_expsum=segm_sum,
+    )  # fmt: skip
