@@ -168,6 +168,7 @@ def _cell(row: dict[str, Any], key: str, fmt: str, scale: float = 1.0) -> str:
 _COLUMNS = (
     # header, key, format, scale, width
     ("case", "case", "", 1.0, 33),
+    ("K/V MB", "kv_bytes", ".0f", 1e-6, 8),
     ("ms", "fixed_ms", ".3f", 1.0, 8),
     ("%copy", "fixed_of_copy", ".1f", 100.0, 7),
     ("fix/leg", "fixed_over_legacy", ".3f", 1.0, 8),
@@ -177,7 +178,8 @@ _COLUMNS = (
     ("peer%", "peer_of_copy", ".1f", 100.0, 7),
     ("ours/peer", "ours_over_peer", ".3f", 1.0, 10),
     ("TFLOP/s", "fixed_tflops", ".0f", 1.0, 8),
-    ("peerTF", "peer_tflops", ".0f", 1.0, 7),
+    ("vLLM TF", "vllm_tflops", ".0f", 1.0, 8),
+    ("peer TF", "peer_tflops", ".0f", 1.0, 8),
     ("err ours", "fixed_rel_err", ".1e", 1.0, 9),
     ("err vLLM", "vllm_rel_err", ".1e", 1.0, 9),
     ("err peer", "peer_rel_err", ".1e", 1.0, 9),

@@ -99,6 +99,7 @@ def test_row_ratios_and_table() -> None:
     assert lines[0].startswith("case") and "ours/peer" in lines[0]
     assert "mla many heads" in lines[1] and "1.250" in lines[1] and "FlashMLA" in lines[1]
     assert f"{100 * row['fixed_of_copy']:.1f}" in lines[1] and f"{row['fixed_tflops']:.0f}" in lines[1]
+    assert f"{case.kv_bytes * 1e-6:.0f}" in lines[1] and f"{row['vllm_tflops']:.0f}" in lines[1]
     assert "p480" in lines[2] and lines[2].count(MISSING) >= 6
     assert "error: RuntimeError('x')" in lines[3]
 
