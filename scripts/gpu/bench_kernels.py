@@ -276,7 +276,8 @@ def int32_pages(with_vllm: bool, ref_dir: str | None) -> None:
             result[f"pages_from_{KIMI_FIRST_WRAP}"] = kimi_case(which, KIMI_FIRST_WRAP, ref_dir)
         else:
             done = subprocess.run(
-                [sys.executable, __file__, "--probe", which, str(KIMI_FIRST_WRAP), "--vllm-ref", str(ref_dir)],
+                [sys.executable, __file__, "--probe", which, str(KIMI_FIRST_WRAP)]
+                + (["--vllm-ref", str(Path(ref_dir).resolve())] if ref_dir else []),
                 capture_output=True, text=True, timeout=300, cwd=REPO,
             )  # fmt: skip
             lines = [ln for ln in (done.stdout + done.stderr).splitlines() if "PROBE" in ln or "rror" in ln]
