@@ -2,24 +2,37 @@
 
 Everything is measured in one run, against a device-to-device copy measured in the same
 run: achieved bytes/s (the fewest bytes a kernel must move: every K/V byte it reads once),
-fixed/legacy time ratios, kvcanary/vLLM time ratios on identical inputs where vLLM's own
-Triton kernels import (``--vllm-ref DIR`` holds vLLM's ``vllm/v1/attention/ops`` sources and
-a stand-in for the few ``vllm`` modules they import), and bf16 error against a float64
-reference. Times are medians of CUDA-graph replays (decode runs under CUDA graphs in vLLM).
-The result table is printed last and written to ``--out`` (default ``$OUT`` or ``.``).
+fixed/legacy time ratios, and bf16 error against a float64 reference. Beside kvcanary run,
+on identical inputs, vLLM 0.24.0's own Triton kernels and the kernels vLLM runs by default
+on Hopper, FlashAttention-3 (GQA) and FlashMLA (MLA), all from the folder ``--vllm-ref DIR``
+(see scripts/gpu/vllm_ref.py); a kernel that does not load prints as '—' with the reason.
+Times are medians of CUDA-graph replays (decode runs under CUDA graphs in vLLM) timed in
+interleaved rounds; every kernel gets the launch vLLM's call site gives it. Sections: the
+uniform GQA and MLA cases, the ragged-batch table (scripts/gpu/bench_ragged.py), the NaN
+block tails, the int32 page offsets. The result table is printed last and written to
+``--out`` (default ``$OUT`` or ``.``) as bench.txt and bench.json.
+
+Build the reference folder where a vLLM 0.24.0 wheel (``pip download vllm==0.24.0
+--no-deps``) or an unpacked ``vllm`` package is at hand, pack it (about 11 MB; the FA3
+library is 153 MB raw), and unpack it in the repository on the GPU host:
 
     python scripts/gpu/bench_kernels.py --make-vllm-ref vllm-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl
+    python scripts/gpu/bench_kernels.py --make-vllm-ref /path/to/site-packages/vllm --vllm-ref .vllm_ref
+    tar -cf - .vllm_ref | xz -6 > vllm_ref-0.24.0.tar.xz      # then, on the GPU host:
+    tar -xJf vllm_ref-0.24.0.tar.xz                            # creates .vllm_ref/
+    python scripts/gpu/bench_kernels.py --vllm-ref .vllm_ref --smoke   # tiny shapes, every path
     python scripts/gpu/bench_kernels.py --vllm-ref .vllm_ref [--sweep]
+
+FA3 and FlashMLA are compiled against the torch vLLM 0.24.0 pins (2.11, CUDA 13); with
+another torch they do not load and their columns print '—'.
 """
 
 import argparse
-import importlib
 import json
 import os
 import subprocess
 import sys
 import time
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -31,6 +44,11 @@ import triton.testing
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from bench_ragged import ragged_rows  # noqa: E402
+from cuda_timing import DEVICE, DTYPE, paired_ms, timed_ms  # noqa: E402
+from ragged_batches import LOGNORMAL_CLIP, LOGNORMAL_MEDIAN, LOGNORMAL_P99, format_ragged_table  # noqa: E402
+from vllm_ref import Peers, load_peers, load_vllm, make_vllm_ref, vllm_unified_decode  # noqa: E402
+
 from kernels._launch import LaunchConfig, sm_count  # noqa: E402
 from kernels.decode_attention import decode_attention_fwd  # noqa: E402
 from kernels.reference import (  # noqa: E402
@@ -40,26 +58,7 @@ from kernels.reference import (  # noqa: E402
 )
 from kernels.unified_attention import unified_attention  # noqa: E402
 
-DEVICE = "cuda"
-DTYPE = torch.bfloat16
 ROWS: list[dict[str, Any]] = []
-
-
-def timed_ms(fn: Callable[[], None]) -> float:
-    """Median of CUDA-graph replays, in ms."""
-    fn()
-    torch.cuda.synchronize()
-    return float(triton.testing.do_bench_cudagraph(fn, rep=40, return_mode="median"))
-
-
-def paired_ms(fns: dict[str, Callable[[], None]], rounds: int = 3) -> dict[str, float]:
-    """Median times of several functions timed in interleaved rounds, so that drift in the
-    card's clocks does not bias a ratio."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            times[name].append(timed_ms(fn))
-    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
 def ratios(
@@ -86,57 +85,6 @@ def copy_bandwidth() -> float:
 def shuffled_table(num_seqs: int, pages_per_seq: int, gen: torch.Generator, first_page: int = 0) -> torch.Tensor:
     ids = first_page + torch.randperm(num_seqs * pages_per_seq, generator=gen, device=DEVICE)
     return ids.view(num_seqs, pages_per_seq).to(torch.int32)
-
-
-_OPS = "vllm/v1/attention/ops/"
-_VLLM_OPS = ("triton_unified_attention.py", "triton_attention_helpers.py", "triton_decode_attention.py")
-# Stand-ins for the few vllm modules those three files import, so they run without vLLM.
-_STAND_INS = {
-    "__init__.py": "",
-    "envs.py": "VLLM_BATCH_INVARIANT = False\n",
-    "logger.py": "import logging\n\ninit_logger = logging.getLogger\n",
-    "triton_utils/__init__.py": "import triton\nimport triton.language as tl\n",
-    "platforms/__init__.py": (
-        "import torch\n\n\nclass _Cuda:\n"
-        "    def fp8_dtype(self):\n        return torch.float8_e4m3fn\n\n"
-        "    def is_rocm(self):\n        return False\n\n"
-        "    def is_device_capability_family(self, family):\n"
-        "        return torch.cuda.get_device_capability()[0] * 10 == family\n\n\n"
-        "current_platform = _Cuda()\n"
-    ),
-    "v1/__init__.py": "",
-    "v1/attention/__init__.py": "",
-    "v1/attention/ops/__init__.py": "",
-    "v1/kv_cache_interface.py": (
-        "from enum import IntEnum\n\n\nclass KVQuantMode(IntEnum):\n"
-        "    NONE = 0\n    FP8_PER_TENSOR = 1\n    INT8_PER_TOKEN_HEAD = 2\n    FP8_PER_TOKEN_HEAD = 3\n"
-    ),
-}
-
-
-def make_vllm_ref(wheel: str, folder: str) -> None:
-    """Fill ``folder`` with vLLM's three Triton attention sources from ``wheel`` (e.g. from
-    ``pip download vllm==0.24.0 --no-deps``) and the stand-ins they import."""
-    root = Path(folder) / "vllm"
-    for name, text in _STAND_INS.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
-    with zipfile.ZipFile(wheel) as archive:
-        for name in _VLLM_OPS:
-            (root / "v1/attention/ops" / name).write_bytes(archive.read(_OPS + name))
-
-
-def load_vllm(ref_dir: str | None) -> tuple[ModuleType | None, ModuleType | None, str]:
-    """vLLM 0.24.0's unified and decode modules from ``ref_dir``, or why they are unavailable."""
-    if not ref_dir or not Path(ref_dir).is_dir():
-        return None, None, "no vLLM sources given (--vllm-ref)"
-    sys.path.insert(0, str(Path(ref_dir).resolve()))
-    try:
-        unified = importlib.import_module("vllm.v1.attention.ops.triton_unified_attention")
-        decode = importlib.import_module("vllm.v1.attention.ops.triton_decode_attention")
-    except Exception as exc:  # any import failure means: no vLLM ratio, say why
-        return None, None, f"vLLM kernels did not import: {exc!r}"
-    return unified, decode, "vLLM 0.24.0 Triton kernels"
 
 
 def record(table: str, **fields: Any) -> None:
@@ -183,22 +131,7 @@ def bench_gqa(
     config = best[1]
     fns = {"fixed": ours("fixed", config), "legacy": ours("legacy", config)}
     if vllm_unified is not None:
-        segments = 16
-        segm_out = torch.empty(128 // kv_heads, q_heads, segments, head, device=DEVICE)
-        segm_max = torch.empty(128 // kv_heads, q_heads, segments, device=DEVICE)
-        segm_sum = torch.empty_like(segm_max)
-        ones = torch.ones(num_seqs, kv_heads, device=DEVICE)
-
-        def theirs() -> None:
-            vllm_unified.unified_attention(
-                q=q, k=k, v=v, out=out, cu_seqlens_q=cu, max_seqlen_q=1, seqused_k=lens, max_seqlen_k=seq_len,
-                softmax_scale=scale, causal=True, window_size=(-1, -1), block_table=table, softcap=0.0,
-                q_descale=None, k_descale=ones, v_descale=ones, seq_threshold_3D=128 // kv_heads,
-                num_par_softmax_segments=segments, softmax_segm_output=segm_out, softmax_segm_max=segm_max,
-                softmax_segm_expsum=segm_sum,
-            )  # fmt: skip
-
-        fns["vllm"] = theirs
+        fns["vllm"] = vllm_unified_decode(vllm_unified, q, k, v, out, cu, lens, seq_len, scale, table)
     row = ratios("gqa", config, paired_ms(fns), nbytes, copy_bps)
     for kernel, fn in fns.items():
         fn()
@@ -305,7 +238,7 @@ def nan_tail(vllm_unified: ModuleType | None, num_seqs: int = 16, seq_len: int =
 KIMI_PAGE, KIMI_WIDTH, KIMI_FIRST_WRAP = 480, 576, 7768
 
 
-def kimi_case(which: str, first_page: int, num_seqs: int = 8, seq_len: int = 4800) -> str:
+def kimi_case(which: str, first_page: int, ref_dir: str | None, num_seqs: int = 8, seq_len: int = 4800) -> str:
     """MLA decode over Kimi's 276,480-element pages from ``first_page`` on: its relative
     error. An illegal address may surface here or at the next synchronisation."""
     heads = 16
@@ -322,7 +255,7 @@ def kimi_case(which: str, first_page: int, num_seqs: int = 8, seq_len: int = 480
     one = torch.ones((), device=DEVICE)
     args = (q, cache, cache[..., :512], o, lse, table, lens, logits, 8, KIMI_WIDTH**-0.5, KIMI_PAGE)
     if which == "vllm_0.24":
-        _, vllm_decode, _ = load_vllm(str(REPO / ".vllm_ref"))
+        _, vllm_decode, _ = load_vllm(ref_dir)
         assert vllm_decode is not None
         vllm_decode.decode_attention_fwd(*args, k_scale=one, v_scale=one, is_mla=True)
     else:
@@ -333,17 +266,18 @@ def kimi_case(which: str, first_page: int, num_seqs: int = 8, seq_len: int = 480
     return f"rel err {relative_error(o, expected):.2e}"
 
 
-def int32_pages(with_vllm: bool) -> None:
+def int32_pages(with_vllm: bool, ref_dir: str | None) -> None:
     """Below page 7,768 every kernel is right; from it on the int32 ones fault, which ends a
     CUDA context: those runs go to a child process."""
     below = KIMI_FIRST_WRAP - 300
     for which in ["fixed", "legacy"] + (["vllm_0.24"] if with_vllm else []):
-        result = {f"pages_from_{below}": kimi_case(which, below)}
+        result = {f"pages_from_{below}": kimi_case(which, below, ref_dir)}
         if which == "fixed":
-            result[f"pages_from_{KIMI_FIRST_WRAP}"] = kimi_case(which, KIMI_FIRST_WRAP)
+            result[f"pages_from_{KIMI_FIRST_WRAP}"] = kimi_case(which, KIMI_FIRST_WRAP, ref_dir)
         else:
             done = subprocess.run(
-                [sys.executable, __file__, "--probe", which, str(KIMI_FIRST_WRAP)],
+                [sys.executable, __file__, "--probe", which, str(KIMI_FIRST_WRAP)]
+                + (["--vllm-ref", str(Path(ref_dir).resolve())] if ref_dir else []),
                 capture_output=True, text=True, timeout=300, cwd=REPO,
             )  # fmt: skip
             lines = [ln for ln in (done.stdout + done.stderr).splitlines() if "PROBE" in ln or "rror" in ln]
@@ -351,21 +285,35 @@ def int32_pages(with_vllm: bool) -> None:
         record("int32_pages", kernel=which, **result)
 
 
-def summary(copy_bps: float, vllm_note: str) -> str:
+def summary(copy_bps: float, vllm_note: str, peers: Peers) -> str:
     lines = [f"device-to-device copy: {copy_bps * 1e-12:.2f} TB/s (4 GiB, read+write); vLLM: {vllm_note}"]
-    lines.append(
-        f"{'case':<12}{'ms':>8}{'TB/s':>7}{'%copy':>7}{'fix/leg':>9}{'ours/vLLM':>10}{'vLLM%copy':>10}{'relerr':>9}"
-    )
-    for r in ROWS:
-        if r["table"] == "gqa" or (r["table"].startswith("mla_") and not r["table"].endswith("_sweep")):
-            lines.append(
-                f"{r['table']:<12}{r['fixed_ms']:>8.3f}{r['fixed_tbps']:>7.2f}{100 * r['fixed_of_copy']:>6.1f}%"
-                f"{r['fixed_over_legacy']:>9.3f}{r.get('ours_over_vllm', float('nan')):>10.3f}"
-                f"{100 * r.get('vllm_of_copy', float('nan')):>9.1f}%{r['fixed_rel_err']:>9.1e}   {r['config']}"
-            )
+    uniform = [
+        r for r in ROWS if r["table"] == "gqa" or (r["table"].startswith("mla_") and not r["table"].endswith("_sweep"))
+    ]
+    if uniform:
+        lines.append(
+            f"{'case':<12}{'ms':>8}{'TB/s':>7}{'%copy':>7}{'fix/leg':>9}{'ours/vLLM':>10}{'vLLM%copy':>10}{'relerr':>9}"
+        )
+    for r in uniform:
+        lines.append(
+            f"{r['table']:<12}{r['fixed_ms']:>8.3f}{r['fixed_tbps']:>7.2f}{100 * r['fixed_of_copy']:>6.1f}%"
+            f"{r['fixed_over_legacy']:>9.3f}{r.get('ours_over_vllm', float('nan')):>10.3f}"
+            f"{100 * r.get('vllm_of_copy', float('nan')):>9.1f}%{r['fixed_rel_err']:>9.1e}   {r['config']}"
+        )
     for r in ROWS:
         if r["table"] in ("nan_tail", "int32_pages"):
             lines.append(" ".join(f"{k}={v}" for k, v in r.items() if k != "table"))
+    ragged = [r for r in ROWS if r["table"] == "ragged"]
+    if ragged:
+        lines.append(
+            f"ragged decode batches, bf16, default launches: lengths lognormal (median {LOGNORMAL_MEDIAN}, "
+            f"p99 {LOGNORMAL_P99}, clipped to {list(LOGNORMAL_CLIP)}, seed = batch size) or uniform in a range; "
+            "%copy = every K/V byte read once at the copy bandwidth; peer: FA3 (GQA) or FlashMLA (MLA, page 64)"
+        )
+        lines.append(f"peers: {peers.fa3_note}; {peers.flashmla_note}")
+        lines.append(format_ragged_table(ragged))
+        for r in ragged:
+            lines += [f"  {r['case']}: {k}={v}" for k, v in r.items() if k.endswith("_error")]
     return "\n".join(lines)
 
 
@@ -375,26 +323,39 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="also time a few launch configurations")
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for bench.json and bench.txt")
     parser.add_argument(
-        "--make-vllm-ref", metavar="WHEEL", help="build --vllm-ref's folder from a vLLM wheel, then exit"
+        "--make-vllm-ref",
+        metavar="WHEEL_OR_DIR",
+        help="build --vllm-ref's folder from a vLLM 0.24.0 wheel or unpacked vllm package folder, then exit",
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny ragged batches (every kernel and peer) and the NaN tails only"
     )
     parser.add_argument("--probe", nargs=2, metavar=("KERNEL", "FIRST_PAGE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.make_vllm_ref:
-        make_vllm_ref(args.make_vllm_ref, args.vllm_ref or ".vllm_ref")
+        missing = make_vllm_ref(args.make_vllm_ref, args.vllm_ref or ".vllm_ref")
+        if missing:
+            print(f"not in {args.make_vllm_ref} (their peers will be missing): {', '.join(missing)}")
         return
     if args.probe:
-        print("PROBE", kimi_case(args.probe[0], int(args.probe[1])), flush=True)
+        print("PROBE", kimi_case(args.probe[0], int(args.probe[1]), args.vllm_ref), flush=True)
         return
     started = time.time()
     vllm_unified, vllm_decode, vllm_note = load_vllm(args.vllm_ref)
+    peers = load_peers(args.vllm_ref)
     copy_bps = copy_bandwidth()
     record("copy", tbps=copy_bps * 1e-12)
-    bench_gqa(copy_bps, vllm_unified, args.sweep)
-    bench_mla(copy_bps, vllm_decode, 32, 8192, args.sweep)
-    bench_mla(copy_bps, vllm_decode, 64, 32768, args.sweep)
+    if not args.smoke:
+        bench_gqa(copy_bps, vllm_unified, args.sweep)
+        bench_mla(copy_bps, vllm_decode, 32, 8192, args.sweep)
+        bench_mla(copy_bps, vllm_decode, 64, 32768, args.sweep)
+        torch.cuda.empty_cache()
+    for row in ragged_rows(copy_bps, (vllm_unified, vllm_decode), peers, args.smoke):
+        record("ragged", **row)
     nan_tail(vllm_unified)
-    int32_pages(vllm_decode is not None)
-    text = summary(copy_bps, vllm_note) + f"\n({time.time() - started:.0f} s, {torch.cuda.get_device_name()})"
+    if not args.smoke:
+        int32_pages(vllm_decode is not None, args.vllm_ref)
+    text = summary(copy_bps, vllm_note, peers) + f"\n({time.time() - started:.0f} s, {torch.cuda.get_device_name()})"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(ROWS, indent=1))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmark and kernel tests on a GPU host, in one go (compiled Triton, no interpreter).
-#   scripts/gpu/kernel_tests.sh [--all] [--vllm-ref DIR] [--sweep]
+#   scripts/gpu/kernel_tests.sh [--all] [--vllm-ref DIR] [--sweep | --smoke]
 # First scripts/gpu/bench_kernels.py (with the remaining arguments; its table lands in
 # $OUT or .), then the tests marked gpu under tests/kernels (real sizes: Kimi-Linear MLA page
 # ids past 7,767, Whisper-like cross-attention over NaN block tails), or every kernel test
