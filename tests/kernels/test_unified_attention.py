@@ -53,8 +53,12 @@ CASES = [
     Case("prefill_only", [20, 33], [20, 33]),
     Case("sliding_window", [5, 1, 12], [30, 41, 12], window_left=8),
     Case("softcap", [4, 1], [20, 35], softcap=5.0),
-    Case("decode_split_kv", [1, 1, 1], [70, 9, 130], config=LaunchConfig(num_splits=3)),
-    Case("decode_split_kv_window", [1, 1], [90, 33], window_left=20, config=LaunchConfig(num_splits=2)),
+    Case("decode_split_kv", [1, 1, 1], [70, 9, 130], config=LaunchConfig(num_splits=8)),
+    Case("decode_split_kv_window", [1, 1], [200, 33], window_left=40, config=LaunchConfig(num_splits=8)),
+    # Token-balanced pieces of a ragged decode batch: a key, a tile -1/0/+1, block edges,
+    # one long sequence; then the default launch, which splits from 1024 keys on.
+    Case("decode_split_ragged", [1] * 7, [1, 31, 32, 33, 400, 5, 64], config=LaunchConfig(num_splits=16)),
+    Case("decode_split_default", [1, 1, 1], [1100, 3, 40]),
 ]
 
 
@@ -91,7 +95,7 @@ def test_matches_reference_with_nan_tail(case: Case, causal: bool, dtype: torch.
     assert run_case(case, causal, dtype, gen) < 1e-2
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.window_left < 0][:3], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [*[c for c in CASES if c.window_left < 0][:3], CASES[-2]], ids=lambda c: c.name)
 def test_legacy_is_right_when_causal(case: Case, gen: torch.Generator) -> None:
     """Causal bounds never passed seq_len: the legacy twin differs only where the bug was."""
     assert run_case(case, True, torch.float16, gen, variant="legacy") < 1e-2
@@ -100,7 +104,7 @@ def test_legacy_is_right_when_causal(case: Case, gen: torch.Generator) -> None:
 CROSS_ATTENTION = [
     Case("cross_attention_mha", [1, 1, 2, 1], [15, 37, 20, 8], num_heads=4, num_kv_heads=4),
     Case("cross_attention_gqa", [1, 3], [29, 16], num_heads=8, num_kv_heads=2),
-    Case("cross_attention_split_kv", [1, 1], [45, 19], num_heads=4, num_kv_heads=4, config=LaunchConfig(num_splits=2)),
+    Case("cross_attention_split_kv", [1, 1], [45, 19], num_heads=4, num_kv_heads=4, config=LaunchConfig(num_splits=6)),
 ]
 
 
