@@ -288,3 +288,40 @@ def test_real_sizes_match_reference(case: Case, variant: str, gen: torch.Generat
     err_o, err_lse = run(case, k, v, block_table(pages), torch.bfloat16, gen, variant)
     assert err_o < 1e-2
     assert err_lse < 1e-2
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_cuda_graph_replay_follows_new_seq_lens(gen: torch.Generator) -> None:
+    """Captured once (the grid fixed by the batch size), replayed with other length mixes in
+    the same tensors: every replay schedules its pieces from the new seq_lens."""
+    longest, batch = 8192, 16
+    case = Case("mla_graph", [longest] * batch, 16, 1, 576, 512, 64, is_mla=True)
+    pages, num_pages = shuffled_pages(gen, case.seq_lens, case.page_size)
+    k, v = make_cache(case, torch.bfloat16, gen, pages, num_pages)
+    table = block_table(pages)
+    q = randn(gen, batch, case.num_heads, case.lk, dtype=torch.bfloat16)
+    o = torch.empty(batch, case.num_heads, case.lv, dtype=torch.bfloat16, device=DEVICE)
+    lse = torch.empty(batch, case.num_heads, device=DEVICE)
+    logits = torch.empty(batch, case.num_heads, 4, case.lv + 1, device=DEVICE)
+    lens = torch.tensor(case.seq_lens, dtype=torch.int32, device=DEVICE)
+    scale = case.lk**-0.5
+
+    def call() -> None:
+        decode_attention_fwd(q, k, v, o, lse, table, lens, logits, 4, scale, case.page_size, is_mla=True)
+
+    call()  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    mixes = [[longest] * batch, [1] * (batch - 1) + [longest], [0, 3, 64, 65, 4000, 129, 7000, 1] * 2]
+    for mix in mixes:
+        lens.copy_(torch.tensor(mix, dtype=torch.int32))
+        q.copy_(randn(gen, *q.shape, dtype=torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_o, ref_lse = decode_attention_reference(q, k, v, table, lens, scale, case.page_size)
+        full = lens > 0
+        assert relative_error(o[full], ref_o[full]) < 1e-2, mix
+        assert relative_error(lse[full], ref_lse[full]) < 1e-2, mix
+        assert (o[~full] == 0).all()

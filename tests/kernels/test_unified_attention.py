@@ -244,3 +244,35 @@ def test_real_sizes_match_reference(case: Case, causal: bool, gen: torch.Generat
 def test_real_size_cross_attention_nan_tail(gen: torch.Generator) -> None:
     test_nan_tail_poisons_legacy_noncausal_only(WHISPER_CROSS, gen)
     assert run_case(WHISPER_CROSS, True, torch.bfloat16, gen, variant="legacy") < 1e-2
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_cuda_graph_replay_follows_new_seq_lens(gen: torch.Generator) -> None:
+    """A decode-only batch captured once and replayed with other length mixes in the same
+    tensors: the split pieces follow each replay's seqused_k."""
+    longest, batch = 8192, 16
+    case = Case("gqa_graph", [1] * batch, [longest] * batch, num_heads=32, num_kv_heads=8, head_size=128)
+    cache = paged_cache(gen, case.seq_lens, case.block_size, case.num_kv_heads, case.head_size, torch.bfloat16)
+    q = randn(gen, batch, case.num_heads, case.head_size, dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    cu = cu_seqlens(case.query_lens)
+    scale = case.head_size**-0.5
+
+    def call() -> None:
+        unified_attention(
+            q, cache.k, cache.v, out, cu, 1, cache.seq_lens, longest, scale, True, (-1, -1), cache.block_table,
+            0.0, None, None, None,
+        )  # fmt: skip
+
+    call()  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for mix in ([longest] * batch, [1] * (batch - 1) + [longest], [2, 3, 64, 65, 4000, 129, 7000, 1] * 2):
+        cache.seq_lens.copy_(torch.tensor(mix, dtype=torch.int32))
+        q.copy_(randn(gen, *q.shape, dtype=torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = unified_attention_reference(q, cache.k, cache.v, cu, cache.seq_lens, cache.block_table, scale, True)
+        assert relative_error(out, expected) < 1e-2, mix
