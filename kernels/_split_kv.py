@@ -30,10 +30,16 @@ def balanced_piece(work, seqs, num_seqs, item, num_items, min_tiles, sched_ptr, 
     Pieces are at least ``min_tiles`` long (fewer partials for short batches); where
     ``write_sched`` (one program) the sequences' item ranges go to ``sched_ptr`` for the merge.
     """
-    lo = tl.maximum(tl.maximum(tl.cdiv(tl.sum(work), num_items), min_tiles), 1)
+    total = tl.sum(work)
+    lo = tl.maximum(tl.maximum(tl.cdiv(total, num_items), min_tiles), 1)
     hi = tl.maximum(tl.max(work), lo)
-    # Bisection for the smallest piece length whose piece count fits the grid; at the
-    # longest sequence's length every sequence is one piece, and num_items >= num_seqs.
+    # Bisection for the smallest piece length whose piece count fits the grid. It fits at
+    # the longest sequence's length (one piece each; num_items >= num_seqs) and, where the
+    # grid has more items than sequences with keys, at total / (items - those sequences)
+    # (each sequence rounds up by less than one piece): a range of a few lengths.
+    spare = num_items - tl.sum((work > 0).to(tl.int32))
+    if spare > 0:
+        hi = tl.maximum(tl.minimum(hi, tl.cdiv(total, spare)), lo)
     while lo < hi:
         mid = (lo + hi) // 2
         if tl.sum(tl.cdiv(work, mid)) <= num_items:

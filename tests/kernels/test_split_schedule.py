@@ -65,6 +65,8 @@ def smallest_piece(work: list[int], num_items: int, min_tiles: int) -> int:
         ([3, 0, 1, 17, 2, 2, 40, 5], 24, 8),  # the floor on a piece's length
         ([100, 1, 1, 1, 1, 1], 16, 1),  # one long sequence beside short ones
         ([7] * 12, 40, 1),
+        ([(i * 37) % 51 for i in range(30)], 34, 1),  # a few items more than sequences
+        ([(i * 37) % 51 for i in range(30)], 100, 2),
     ],
 )
 def test_pieces_cover_every_tile_once(work: list[int], num_items: int, min_tiles: int) -> None:
