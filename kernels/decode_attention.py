@@ -243,16 +243,20 @@ def _decode_split_kernel(
 
 # Head groups: up to 64 query heads of one KV head per program, so that many-head MLA runs
 # its dots on M=64 tiles (Hopper's wgmma size) and reads the latent keys once per 64 heads;
-# the [64, 512] fp32 accumulator then takes 128 registers a thread at 8 warps.
-# Work items: two waves of programs. A 16-head MLA program (64 keys of 576 a tile, 8 warps,
-# ~94 KB of shared memory) keeps 2 resident per multiprocessor, a 64-head one 1 (registers).
-# The schedule cuts the batch's keys into at most that many near-equal pieces whatever the
-# length mix, and the second wave evens out what the pieces' rounding leaves; pieces of at
-# least 256 keys keep the partials' traffic small for short batches (an explicit num_splits
-# drops that floor). Tiles that divide the page size let a tile's page id be one scalar.
+# the [64, 512] fp32 accumulator then takes 128 registers a thread at 8 warps, and 32-key
+# tiles keep the rest in registers (sm_90: 255 registers, no spill in the loop, 147 KB).
+# Work items: 2 programs per multiprocessor. A program of up to 32 heads (16-head MLA: 64
+# keys of 576 a tile, 8 warps, 111 registers, 94 KB) keeps 2 resident, so that is one
+# wave: memory-bound, where every extra piece costs a partial written and read back (33 KB
+# for 16 heads). A 64-head program keeps 1 resident, so that is two waves: compute-bound,
+# where the second wave evens out what the pieces' rounding leaves. The schedule cuts the
+# batch's keys into at most that many near-equal pieces whatever the length mix; pieces of
+# at least 256 keys keep the partials' traffic small for short batches (an explicit
+# num_splits drops that floor). Tiles that divide the page size let a tile's page id be
+# one scalar.
 _MAX_HEADS_PER_PROGRAM = 64
 _MIN_PIECE_KEYS = 256
-_WAVES = 2
+_PROGRAMS_PER_SM = 2
 
 
 def _default_launch(
@@ -260,7 +264,7 @@ def _default_launch(
 ) -> Launch:
     head_blocks = num_kv_heads * triton.cdiv(q_per_kv, heads_per_program)
     wide = heads_per_program > 32
-    items = max(1, _WAVES * (1 if wide else 2) * num_sms // head_blocks)
+    items = max(1, _PROGRAMS_PER_SM * num_sms // head_blocks)
     num_warps = 8 if is_mla or wide else 4
     if wide:
         tile, num_stages = 32, 2
