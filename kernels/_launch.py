@@ -43,7 +43,12 @@ class Launch(NamedTuple):
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Overrides of the tuned launch (benchmarks); a None field keeps the default."""
+    """Overrides of the tuned launch (benchmarks); a None field keeps the default.
+
+    ``num_splits`` is the split-KV target of work items per head group over the whole batch
+    (not per sequence); given explicitly it also drops the default's minimum piece length.
+    ``heads_per_program`` (decode kernel) is capped at the query heads per KV head.
+    """
 
     tile: int | None = None
     num_warps: int | None = None
