@@ -308,18 +308,19 @@ def _unified_attention_kernel(
         tl.store(part_rows + HEAD_SIZE, lse, mask=row_valid)
 
 
-# A program (16 query rows, 32-key tiles, 4 warps) keeps about 5 resident per multiprocessor.
-# Decode-only batches are split into token-balanced work items (kernels._split_kv): two
-# waves of 4 programs per multiprocessor, so the launch order evens out what the pieces'
-# rounding leaves; pieces keep at least 512 keys (an explicit num_splits drops that floor).
-# Batches whose longest sequence is short, or with more sequences than items, run unsplit.
-_PROGRAMS_PER_SM = 4
-_WAVES = 2
+# A program (16 query rows, 32-key tiles, 4 warps) has about 200 registers a thread on
+# sm_90, so 2 stay resident per multiprocessor. Decode-only batches are split into
+# token-balanced work items (kernels._split_kv) for 8 programs per multiprocessor: a few
+# waves, so that the launch order evens out what the pieces' rounding leaves (a GQA piece's
+# partial is a few KB). Pieces keep at least 512 keys (an explicit num_splits drops that
+# floor); batches whose longest sequence is short, or with more sequences than items, run
+# unsplit.
+_PROGRAMS_PER_SM = 8
 _MIN_KEYS_PER_SPLIT = 512
 
 
 def _default_launch(decode_only: bool, num_seqs: int, num_kv_heads: int, max_seqlen_k: int, num_sms: int) -> Launch:
-    items = _WAVES * _PROGRAMS_PER_SM * num_sms // num_kv_heads
+    items = _PROGRAMS_PER_SM * num_sms // num_kv_heads
     split = decode_only and items > num_seqs and max_seqlen_k >= 2 * _MIN_KEYS_PER_SPLIT
     return Launch(tile=32, num_warps=4, num_stages=3, num_splits=items if split else 1, heads_per_program=1)
 
