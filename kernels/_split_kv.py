@@ -6,7 +6,7 @@ A split-KV launch has a fixed grid of work items (fixed on the host from the bat
 heads and multiprocessors, so that a CUDA graph can replay it). Every program derives the
 schedule on the device from the sequences' key tiles (from ``seq_lens``, never read on the
 host): the smallest piece length ``L`` (in tiles) for which cutting each sequence into
-``ceil(tiles / L)`` equal pieces needs at most the grid's items, so the longest piece, and
+``ceil(tiles / L)`` pieces (equal to a tile) needs at most the grid's items, so the longest piece, and
 with it the wave, is as short as the grid allows. Item ``i`` is one piece of one sequence;
 items past the pieces' count exit.
 
@@ -56,9 +56,11 @@ def balanced_piece(work, seqs, num_seqs, item, num_items, min_tiles, sched_ptr, 
     first_item = tl.sum(tl.where(mine, ends - counts, 0))
     count = tl.maximum(tl.sum(tl.where(mine, counts, 0)), 1)
     tiles = tl.sum(tl.where(mine, work, 0))
-    piece = tl.cdiv(tiles, count)
-    first_tile = (item - first_item) * piece
-    return seq, first_tile, tl.minimum(piece, tiles - first_tile)
+    # Pieces of one sequence differ by at most a tile: the first ``tiles % count`` are longer.
+    index = item - first_item
+    base = tiles // count
+    longer = tiles % count
+    return seq, index * base + tl.minimum(index, longer), base + (index < longer).to(tl.int32)
 
 
 @triton.jit

@@ -79,6 +79,8 @@ def test_pieces_cover_every_tile_once(work: list[int], num_items: int, min_tiles
         covered = [t for first, tiles, _ in mine for t in range(first, first + tiles)]
         assert covered == list(range(length)), f"sequence {seq}: tiles {covered}"
         assert all(0 < tiles <= longest for _, tiles, _ in mine)
+        sizes = [tiles for _, tiles, _ in mine] or [0]
+        assert max(sizes) - min(sizes) <= 1  # a sequence's pieces differ by a tile at most
         items = [item for _, _, item in mine]
         assert sched[seq] == [items[0] if items else sched[seq][0], len(items)]
         assert items == list(range(sched[seq][0], sched[seq][0] + len(items)))
