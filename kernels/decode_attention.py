@@ -244,9 +244,10 @@ def _decode_split_kernel(
 # Head groups: up to 64 query heads of one KV head per program, so that many-head MLA runs
 # its dots on M=64 tiles (Hopper's wgmma size) and reads the latent keys once per 64 heads;
 # the [64, 512] fp32 accumulator then takes 128 registers a thread at 8 warps, and 32-key
-# tiles keep the rest in registers (sm_90: 255 registers, no spill in the loop, 147 KB).
+# tiles keep the rest in registers (sm_90: 255 registers, 24 B of spill, 144 KB of shared
+# memory; scripts/kernel_resources.py).
 # Work items: 2 programs per multiprocessor. A program of up to 32 heads (16-head MLA: 64
-# keys of 576 a tile, 8 warps, 111 registers, 94 KB) keeps 2 resident, so that is one
+# keys of 576 a tile, 8 warps, 116 registers, 92 KB) keeps 2 resident, so that is one
 # wave: memory-bound, where every extra piece costs a partial written and read back (33 KB
 # for 16 heads). A 64-head program keeps 1 resident, so that is two waves: compute-bound,
 # where the second wave evens out what the pieces' rounding leaves. The schedule cuts the
