@@ -20,31 +20,41 @@ def _cuda_sm_count(index: int) -> int:
 
 
 def sm_count(device: torch.device) -> int:
-    """Multiprocessors of ``device``; an H200's 132 off CUDA (the interpreter), so launches
-    there take the same shape as on a GPU host."""
+    """Multiprocessors of ``device``; off CUDA (Triton's interpreter, which runs programs
+    one by one in Python) a small GPU's 8, so a default launch stays cheap there; tests
+    reach an H200-sized grid through ``LaunchConfig.num_splits``."""
     if device.type != "cuda":
-        return 132
+        return 8
     return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 class Launch(NamedTuple):
-    """Resolved launch parameters: key positions per loop step, warps, pipeline stages, and
-    split-KV programs per query."""
+    """Resolved launch parameters: key positions per loop step, warps, pipeline stages, the
+    split-KV target of work items per head group (the grid has at least one per sequence;
+    1 turns split-KV off where the kernel can run without it), and query heads per program
+    (the decode kernel; the unified kernel groups a KV head's query heads itself)."""
 
     tile: int
     num_warps: int
     num_stages: int
     num_splits: int
+    heads_per_program: int
 
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Overrides of the tuned launch (benchmarks); a None field keeps the default."""
+    """Overrides of the tuned launch (benchmarks); a None field keeps the default.
+
+    ``num_splits`` is the split-KV target of work items per head group over the whole batch
+    (not per sequence); given explicitly it also drops the default's minimum piece length.
+    ``heads_per_program`` (decode kernel) is capped at the query heads per KV head.
+    """
 
     tile: int | None = None
     num_warps: int | None = None
     num_stages: int | None = None
     num_splits: int | None = None
+    heads_per_program: int | None = None
 
     def resolve(self, default: Launch) -> Launch:
         return Launch(*(d if mine is None else mine for mine, d in zip(astuple(self), default, strict=True)))

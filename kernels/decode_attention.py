@@ -5,9 +5,10 @@
 
 The entry point has the argument names and order of vLLM's
 ``vllm.v1.attention.ops.triton_decode_attention.decode_attention_fwd``, the function vLLM's
-TRITON_MLA backend calls. Stage 1 runs one program per (sequence, head group, key split)
-and writes the split's normalised output and log-sum-exp into ``attn_logits``; stage 2
-merges the splits by their log-sum-exp.
+TRITON_MLA backend calls. Stage 1 runs one program per (head group, work item): the work
+items cut the batch's keys into token-balanced pieces, scheduled on the device from
+``b_seq_len`` (``kernels._split_kv``); each writes its piece's normalised output and
+log-sum-exp, and stage 2 merges a sequence's pieces by their log-sum-exp.
 
 The fix (vLLM PR #47671): every offset built from a page number is int64. With MLA
 (576-wide keys) and 480-token pages a page spans 276,480 elements, so page ids past 7,767
@@ -20,7 +21,7 @@ import triton
 import triton.language as tl
 
 from kernels._launch import Launch, LaunchConfig, check_variant, sm_count
-from kernels._split_kv import merge_splits
+from kernels._split_kv import balanced_piece, merge_splits, split_scratch
 from kernels._vllm_args import check_decode_args, check_unit_scale, page_geometry
 
 
@@ -137,7 +138,7 @@ def _decode_tiles(
     return acc, m_i, l_i
 
 
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit(do_not_specialize=["num_seqs", "num_items", "min_tiles"])
 def _decode_split_kernel(
     q_ptr,
     k_ptr,
@@ -145,9 +146,12 @@ def _decode_split_kernel(
     table_ptr,
     seq_lens_ptr,
     partials_ptr,
+    sched_ptr,
     scale,
     logit_cap,
-    num_splits,
+    num_seqs,
+    num_items,
+    min_tiles,
     stride_q_tok,
     stride_q_head,
     stride_k_page,
@@ -157,12 +161,11 @@ def _decode_split_kernel(
     stride_v_pos,
     stride_v_head,
     stride_table_seq,
-    stride_p_tok,
+    stride_p_item,
     stride_p_head,
-    stride_p_split,
-    NUM_Q_HEADS: tl.constexpr,
     Q_PER_KV: tl.constexpr,
     HEADS_PER_PROGRAM: tl.constexpr,
+    BLOCKS_PER_KV: tl.constexpr,
     BLOCK_H: tl.constexpr,
     QK_MAIN: tl.constexpr,
     QK_MAIN_PAD: tl.constexpr,
@@ -176,14 +179,25 @@ def _decode_split_kernel(
     V_IS_K_MAIN: tl.constexpr,
     USE_LOGIT_CAP: tl.constexpr,
     PAGE_OFFSET_INT64: tl.constexpr,
+    SEQS_PAD: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    first_head = tl.program_id(1) * HEADS_PER_PROGRAM
-    split = tl.program_id(2)
-    kv_head = first_head // Q_PER_KV
+    # One program: HEADS_PER_PROGRAM query heads of one KV head over one work item (a piece
+    # of one sequence's keys). The head groups of an item are neighbours in launch order,
+    # so with several groups per KV head the later ones find the keys in L2.
+    head_block = tl.program_id(0)
+    item = tl.program_id(1)
+    seqs = tl.arange(0, SEQS_PAD)
+    lens = tl.load(seq_lens_ptr + seqs, mask=seqs < num_seqs, other=0)
+    seq, first_tile, num_tiles = balanced_piece(
+        tl.cdiv(lens, TILE), seqs, num_seqs, item, num_items, min_tiles, sched_ptr, (item == 0) & (head_block == 0)
+    )
+    if seq >= num_seqs:
+        return
+    kv_head = head_block // BLOCKS_PER_KV
+    group_first = (head_block % BLOCKS_PER_KV) * HEADS_PER_PROGRAM
     rows = tl.arange(0, BLOCK_H)
-    heads = first_head + rows
-    head_ok = (rows < HEADS_PER_PROGRAM) & (heads < NUM_Q_HEADS)
+    heads = kv_head * Q_PER_KV + group_first + rows
+    head_ok = (rows < HEADS_PER_PROGRAM) & (group_first + rows < Q_PER_KV)
 
     q_rows = q_ptr + seq.to(tl.int64) * stride_q_tok + heads * stride_q_head
     d_main = tl.arange(0, QK_MAIN_PAD)
@@ -194,11 +208,9 @@ def _decode_split_kernel(
         rope_mask = head_ok[:, None] & (d_rope < QK_ROPE)[None, :]
         q_rope = tl.load(q_rows[:, None] + QK_MAIN + d_rope[None, :], mask=rope_mask, other=0.0)
 
-    # Splits are whole tiles, so only the sequence's last tile is partial and masked.
-    seq_len = tl.load(seq_lens_ptr + seq)
-    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), TILE) * TILE
-    start = split * per_split
-    end = tl.minimum(start + per_split, seq_len)
+    # Pieces are whole tiles, so only the sequence's last tile is partial and masked.
+    start = first_tile * TILE
+    end = tl.minimum(start + num_tiles * TILE, tl.sum(tl.where(seqs == seq, lens, 0)))
     num_full = tl.maximum(end - start, 0) // TILE
 
     acc = tl.zeros([BLOCK_H, V_PAD], dtype=tl.float32)
@@ -222,26 +234,46 @@ def _decode_split_kernel(
         )  # fmt: skip
 
     d_v = tl.arange(0, V_PAD)
-    part_rows = partials_ptr + seq.to(tl.int64) * stride_p_tok + heads * stride_p_head + split * stride_p_split
+    part_rows = partials_ptr + item.to(tl.int64) * stride_p_item + heads * stride_p_head
     result = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     tl.store(part_rows[:, None] + d_v[None, :], result, mask=head_ok[:, None] & (d_v < V_DIM)[None, :])
     lse = tl.where(l_i > 0.0, (m_i + tl.log2(tl.maximum(l_i, 1e-30))) * 0.6931471805599453, float("-inf"))
     tl.store(part_rows + V_DIM, lse, mask=head_ok)
 
 
-# An MLA program (16 heads, 64 keys of 576 a tile, 8 warps) keeps about 2 resident per
-# multiprocessor: split the keys so that one wave fills them. Rounding down keeps a second,
-# mostly idle wave away; fewer splits also mean less partial traffic for stage 2. Tiles that
-# divide the page size let a tile's page id be one scalar.
+# Head groups: up to 64 query heads of one KV head per program, so that many-head MLA runs
+# its dots on M=64 tiles (Hopper's wgmma size) and reads the latent keys once per 64 heads;
+# the [64, 512] fp32 accumulator then takes 128 registers a thread at 8 warps, and 32-key
+# tiles keep the rest in registers (sm_90: 255 registers, 24 B of spill, 144 KB of shared
+# memory; scripts/kernel_resources.py).
+# Work items: 2 programs per multiprocessor. A program of up to 32 heads (16-head MLA: 64
+# keys of 576 a tile, 8 warps, 116 registers, 92 KB) keeps 2 resident, so that is one
+# wave: memory-bound, where every extra piece costs a partial written and read back (33 KB
+# for 16 heads). A 64-head program keeps 1 resident, so that is two waves: compute-bound,
+# where the second wave evens out what the pieces' rounding leaves. The schedule cuts the
+# batch's keys into at most that many near-equal pieces whatever the length mix; pieces of
+# at least 256 keys keep the partials' traffic small for short batches (an explicit
+# num_splits drops that floor). Tiles that divide the page size let a tile's page id be
+# one scalar.
+_MAX_HEADS_PER_PROGRAM = 64
+_MIN_PIECE_KEYS = 256
 _PROGRAMS_PER_SM = 2
-_BLOCK_H = 16
 
 
-def _default_launch(is_mla: bool, programs_per_split: int, num_sms: int, page_size: int) -> Launch:
-    splits = max(1, _PROGRAMS_PER_SM * num_sms // programs_per_split)
-    if page_size % 64 == 0:
-        return Launch(tile=64, num_warps=8 if is_mla else 4, num_stages=2, num_splits=splits)
-    return Launch(tile=32, num_warps=8 if is_mla else 4, num_stages=3 if is_mla else 2, num_splits=splits)
+def _default_launch(
+    is_mla: bool, heads_per_program: int, num_kv_heads: int, q_per_kv: int, num_sms: int, page_size: int
+) -> Launch:
+    head_blocks = num_kv_heads * triton.cdiv(q_per_kv, heads_per_program)
+    wide = heads_per_program > 32
+    items = max(1, _PROGRAMS_PER_SM * num_sms // head_blocks)
+    num_warps = 8 if is_mla or wide else 4
+    if wide:
+        tile, num_stages = 32, 2
+    elif page_size % 64 == 0:
+        tile, num_stages = 64, 2
+    else:
+        tile, num_stages = 32, 3 if is_mla else 2
+    return Launch(tile, num_warps, num_stages, num_splits=items, heads_per_program=heads_per_program)
 
 
 def decode_attention_fwd(
@@ -270,8 +302,8 @@ def decode_attention_fwd(
     ``[tokens, kv_heads, L]``); int32 ``req_to_token [batch, max_pages]`` maps each
     sequence's page index to a page id. With ``is_mla`` the values are the first ``Lv``
     key columns (vLLM passes that view as ``v_buffer``) and are read once, with the keys.
-    ``attn_logits [batch, heads, num_kv_splits, Lv + 1]`` is the split scratch; fewer
-    splits than ``num_kv_splits`` may be used. ``lse`` receives the natural-log
+    ``attn_logits [batch, heads, num_kv_splits, Lv + 1]`` is checked and left unused (the
+    schedule's items need their own scratch). ``lse`` receives the natural-log
     log-sum-exp of the scaled (and capped) scores. ``config`` overrides the launch (benchmarks).
     """
     check_variant("decode_attention_fwd", variant)
@@ -283,25 +315,30 @@ def decode_attention_fwd(
 
     batch, num_q_heads, lk = q.shape
     lv = v_buffer.shape[-1]
-    q_per_kv = num_q_heads // k_buffer.shape[-2]
-    heads_per_program = min(_BLOCK_H, q_per_kv)
-    block_h = max(_BLOCK_H, triton.next_power_of_2(heads_per_program))
-    head_blocks = triton.cdiv(num_q_heads, heads_per_program)
+    num_kv_heads = k_buffer.shape[-2]
+    q_per_kv = num_q_heads // num_kv_heads
+    config = config or LaunchConfig()
+    heads_per_program = min(config.heads_per_program or _MAX_HEADS_PER_PROGRAM, q_per_kv)
+    default = _default_launch(is_mla, heads_per_program, num_kv_heads, q_per_kv, sm_count(q.device), page_size)
+    launch = config.resolve(default)._replace(heads_per_program=heads_per_program)
+    blocks_per_kv = triton.cdiv(q_per_kv, heads_per_program)
     qk_main = lv if is_mla else lk
     qk_rope = lk - lv if is_mla else 0
-    default = _default_launch(is_mla, batch * head_blocks, sm_count(q.device), page_size)
-    launch = (config or LaunchConfig()).resolve(default)
-    num_splits = min(launch.num_splits, num_kv_splits)
+    # The grid is fixed by the batch size (CUDA graphs); the pieces follow b_seq_len on the
+    # device. attn_logits ([batch, heads, num_kv_splits, Lv + 1]) is too small for a grid
+    # that is not a multiple of the batch, so the partials get their own scratch.
+    num_items = max(launch.num_splits, batch)
+    partials, sched = split_scratch(num_items, batch, num_q_heads, lv, q.device)
 
-    _decode_split_kernel[(batch, head_blocks, num_splits)](
-        q, k_buffer, v_buffer, req_to_token, b_seq_len, attn_logits,
-        sm_scale, logit_cap, num_splits,
+    _decode_split_kernel[(num_kv_heads * blocks_per_kv, num_items)](
+        q, k_buffer, v_buffer, req_to_token, b_seq_len, partials, sched,
+        sm_scale, logit_cap, batch, num_items, 1 if config.num_splits else triton.cdiv(_MIN_PIECE_KEYS, launch.tile),
         q.stride(0), q.stride(1), *k_strides, *v_strides, req_to_token.stride(0),
-        attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
-        NUM_Q_HEADS=num_q_heads,
+        partials.stride(0), partials.stride(1),
         Q_PER_KV=q_per_kv,
         HEADS_PER_PROGRAM=heads_per_program,
-        BLOCK_H=block_h,
+        BLOCKS_PER_KV=blocks_per_kv,
+        BLOCK_H=max(16, triton.next_power_of_2(heads_per_program)),
         QK_MAIN=qk_main,
         QK_MAIN_PAD=max(16, triton.next_power_of_2(qk_main)),
         QK_ROPE=qk_rope,
@@ -314,7 +351,8 @@ def decode_attention_fwd(
         V_IS_K_MAIN=is_mla,
         USE_LOGIT_CAP=logit_cap > 0,
         PAGE_OFFSET_INT64=variant == "fixed",
+        SEQS_PAD=triton.next_power_of_2(max(batch, 1)),
         num_warps=launch.num_warps,
         num_stages=launch.num_stages,
     )  # fmt: skip
-    merge_splits(attn_logits, num_splits, o, lse)
+    merge_splits(partials, sched, batch, o, lse)

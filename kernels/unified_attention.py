@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from kernels._launch import Launch, LaunchConfig, check_variant, sm_count
-from kernels._split_kv import merge_splits
+from kernels._split_kv import balanced_piece, merge_splits, split_scratch
 from kernels._vllm_args import check_unified_layout, refuse_unsupported_unified
 
 
@@ -134,10 +134,24 @@ def _attend_tiles(
     return acc, m_i, l_i
 
 
-@triton.jit(do_not_specialize=["num_seqs"])
+@triton.jit
+def _decode_tile_range(seq_len, Q_PER_KV, TILE, BLOCK_M, CAUSAL, WINDOW, READ_PAST_SEQ_LEN):
+    """Key tiles [lo, hi) that the kernel's bounds give a decode query (the last position of
+    its sequence), for a vector of sequence lengths: what the work items divide."""
+    lo = seq_len * 0
+    if WINDOW > 0:
+        lo = tl.maximum(seq_len - WINDOW, 0) // TILE
+    end = seq_len
+    if READ_PAST_SEQ_LEN and not CAUSAL and WINDOW == 0:
+        end = seq_len + (BLOCK_M - 1) // Q_PER_KV
+    return lo, tl.maximum(tl.cdiv(end, TILE), lo)
+
+
+@triton.jit(do_not_specialize=["num_seqs", "num_items", "min_tiles"])
 def _unified_attention_kernel(
     out_ptr,
     partials_ptr,
+    sched_ptr,
     q_ptr,
     k_ptr,
     v_ptr,
@@ -147,6 +161,8 @@ def _unified_attention_kernel(
     scale,
     softcap,
     num_seqs,
+    num_items,
+    min_tiles,
     stride_q_tok,
     stride_q_head,
     stride_o_tok,
@@ -160,9 +176,8 @@ def _unified_attention_kernel(
     stride_v_head,
     stride_v_dim,
     stride_table_seq,
-    stride_p_tok,
+    stride_p_item,
     stride_p_head,
-    stride_p_split,
     Q_PER_KV: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILE: tl.constexpr,
@@ -173,19 +188,31 @@ def _unified_attention_kernel(
     CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    SPLIT: tl.constexpr,
     READ_PAST_SEQ_LEN: tl.constexpr,
+    SEQS_PAD: tl.constexpr,
 ):
-    # One program: BLOCK_Q query tokens x Q_PER_KV heads of one KV head (BLOCK_M rows),
-    # over one split of the key range.
-    q_block = tl.program_id(0)
+    # One program: BLOCK_Q query tokens x Q_PER_KV heads of one KV head (BLOCK_M rows)
+    # over their key range or, with SPLIT (decode-only batches: one query per sequence),
+    # over one work item: a token-balanced piece of one sequence's key tiles.
     kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-
-    seq = _find_seq(cu_seqlens_q_ptr, q_block, num_seqs, BLOCK_Q)
+    if SPLIT:
+        item = tl.program_id(0)
+        seqs = tl.arange(0, SEQS_PAD)
+        lens = tl.load(seq_lens_ptr + seqs, mask=seqs < num_seqs, other=0)
+        lo_tiles, hi_tiles = _decode_tile_range(lens, Q_PER_KV, TILE, BLOCK_M, CAUSAL, WINDOW, READ_PAST_SEQ_LEN)
+        seq, piece_first, piece_tiles = balanced_piece(
+            hi_tiles - lo_tiles, seqs, num_seqs, item, num_items, min_tiles, sched_ptr, (item == 0) & (kv_head == 0)
+        )
+        if seq >= num_seqs:
+            return
+        first_q = 0
+    else:
+        q_block = tl.program_id(0)
+        seq = _find_seq(cu_seqlens_q_ptr, q_block, num_seqs, BLOCK_Q)
+        first_q = (q_block - (tl.load(cu_seqlens_q_ptr + seq) // BLOCK_Q + seq)) * BLOCK_Q
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     query_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
-    first_q = (q_block - (q_start // BLOCK_Q + seq)) * BLOCK_Q
     if first_q >= query_len:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
@@ -238,10 +265,9 @@ def _unified_attention_kernel(
                 tile_hi = tl.cdiv(load_limit, TILE)
 
     tile_lo = any_lo // TILE
-    if NUM_SPLITS > 1:
-        per_split = tl.cdiv(tile_hi - tile_lo, NUM_SPLITS)
-        tile_lo = tile_lo + split * per_split
-        tile_hi = tl.minimum(tile_lo + per_split, tile_hi)
+    if SPLIT:
+        tile_lo = tile_lo + piece_first
+        tile_hi = tl.minimum(tile_lo + piece_tiles, tile_hi)
     full_lo = tl.minimum(tl.maximum(tl.cdiv(all_lo, TILE), tile_lo), tile_hi)
     full_hi = tl.minimum(tl.maximum(all_hi // TILE, full_lo), tile_hi)
 
@@ -272,30 +298,31 @@ def _unified_attention_kernel(
 
     result = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     store_mask = row_valid[:, None] & d_ok[None, :]
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         out_ptrs = out_ptr + token[:, None] * stride_o_tok + head[:, None] * stride_o_head + offs_d[None, :]
         tl.store(out_ptrs, result, mask=store_mask)
     else:
-        part_rows = partials_ptr + token * stride_p_tok + head * stride_p_head + split * stride_p_split
+        part_rows = partials_ptr + item.to(tl.int64) * stride_p_item + head * stride_p_head
         tl.store(part_rows[:, None] + offs_d[None, :], result, mask=store_mask)
         lse = tl.where(l_i > 0.0, (m_i + tl.log2(tl.maximum(l_i, 1e-30))) * 0.6931471805599453, float("-inf"))
         tl.store(part_rows + HEAD_SIZE, lse, mask=row_valid)
 
 
-# A program (16 query rows, 32-key tiles, 4 warps) keeps about 5 resident per multiprocessor:
-# decode-only batches are split along the keys until about 4 programs per multiprocessor run,
-# each split keeping at least this many keys.
-_PROGRAMS_PER_SM = 4
+# A program (16 query rows, 32-key tiles, 4 warps) has about 200 registers a thread on
+# sm_90, so 2 stay resident per multiprocessor. Decode-only batches are split into
+# token-balanced work items (kernels._split_kv) for 8 programs per multiprocessor: a few
+# waves, so that the launch order evens out what the pieces' rounding leaves (a GQA piece's
+# partial is a few KB). Pieces keep at least 512 keys (an explicit num_splits drops that
+# floor); batches whose longest sequence is short, or with more sequences than items, run
+# unsplit.
+_PROGRAMS_PER_SM = 8
 _MIN_KEYS_PER_SPLIT = 512
 
 
-def _default_launch(decode_only: bool, num_programs: int, max_seqlen_k: int, num_sms: int) -> Launch:
-    splits = 1
-    if decode_only:
-        wanted = _PROGRAMS_PER_SM * num_sms // max(num_programs, 1)
-        splits = max(1, min(wanted, max_seqlen_k // _MIN_KEYS_PER_SPLIT))
-        splits = 1 << (splits.bit_length() - 1)
-    return Launch(tile=32, num_warps=4, num_stages=3, num_splits=splits)
+def _default_launch(decode_only: bool, num_seqs: int, num_kv_heads: int, max_seqlen_k: int, num_sms: int) -> Launch:
+    items = _PROGRAMS_PER_SM * num_sms // num_kv_heads
+    split = decode_only and items > num_seqs and max_seqlen_k >= 2 * _MIN_KEYS_PER_SPLIT
+    return Launch(tile=32, num_warps=4, num_stages=3, num_splits=items if split else 1, heads_per_program=1)
 
 
 def unified_attention(
@@ -371,24 +398,25 @@ def unified_attention(
     block_q = block_m // q_per_kv
     num_q_blocks = num_tokens // block_q + num_seqs
     decode_only = max_seqlen_q == 1
-    default = _default_launch(decode_only, num_seqs * num_kv_heads, max_seqlen_k, sm_count(q.device))
-    launch = (config or LaunchConfig()).resolve(default)
-    num_splits = launch.num_splits if decode_only else 1
+    config = config or LaunchConfig()
+    default = _default_launch(decode_only, num_seqs, num_kv_heads, max_seqlen_k, sm_count(q.device))
+    launch = config.resolve(default)
+    split = decode_only and launch.num_splits > 1
     window = window_size[0] + 1 if window_size[0] >= 0 else 0
 
-    partials = out
-    if num_splits > 1:
-        partials = torch.empty(
-            (num_tokens, num_q_heads, num_splits, head_size + 1), dtype=torch.float32, device=q.device
-        )
-    _unified_attention_kernel[(num_q_blocks, num_kv_heads, num_splits)](
-        out, partials, q, k, v, block_table, seqused_k, cu_seqlens_q,
-        softmax_scale, softcap, num_seqs,
+    # Split: the grid is fixed by the batch size (CUDA graphs), the pieces follow seqused_k
+    # on the device.
+    num_items = max(launch.num_splits, num_seqs) if split else 0
+    min_tiles = 1 if config.num_splits else triton.cdiv(_MIN_KEYS_PER_SPLIT, launch.tile)
+    partials, sched = split_scratch(num_items, num_seqs, num_q_heads, head_size, q.device) if split else (out, out)
+    _unified_attention_kernel[(num_items if split else num_q_blocks, num_kv_heads)](
+        out, partials, sched, q, k, v, block_table, seqused_k, cu_seqlens_q,
+        softmax_scale, softcap, num_seqs, num_items, min_tiles,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k.stride(0), k.stride(1), k.stride(2), k.stride(3),
         v.stride(0), v.stride(1), v.stride(2), v.stride(3),
         block_table.stride(0),
-        partials.stride(0), partials.stride(1), partials.stride(2) if num_splits > 1 else 0,
+        partials.stride(0), partials.stride(1),
         Q_PER_KV=q_per_kv,
         BLOCK_SIZE=block_size,
         TILE=launch.tile,
@@ -399,10 +427,11 @@ def unified_attention(
         CAUSAL=bool(causal),
         WINDOW=window,
         USE_SOFTCAP=softcap > 0,
-        NUM_SPLITS=num_splits,
+        SPLIT=split,
         READ_PAST_SEQ_LEN=variant == "legacy",
+        SEQS_PAD=triton.next_power_of_2(max(num_seqs, 1)),
         num_warps=launch.num_warps,
         num_stages=launch.num_stages,
     )  # fmt: skip
-    if num_splits > 1:
-        merge_splits(partials, num_splits, out, num_valid_tokens=cu_seqlens_q[num_seqs:])
+    if split:
+        merge_splits(partials, sched, num_seqs, out, cu_seqlens_q=cu_seqlens_q)

@@ -1,5 +1,6 @@
-"""kernels.decode_attention_fwd against the float64 reference: MHA, GQA, MLA, and the int32
-page-offset wrap (page ids past 2^31 / page stride).
+"""kernels.decode_attention_fwd against the float64 reference: MHA, GQA, MLA, ragged batches
+under the token-balanced schedule, many-head MLA head groups, and the int32 page-offset wrap
+(page ids past 2^31 / page stride).
 
 On a host without CUDA these run in Triton's interpreter (see conftest); tests marked gpu
 repeat them at real sizes on a GPU host.
@@ -80,6 +81,22 @@ CASES = [
 ]
 
 
+# Fixed and legacy differ only in the page-offset arithmetic, tested above and below.
+SCHEDULED_CASES = [
+    # Ragged batches (token-balanced pieces): empty, one key, a tile -1/0/+1, page edges,
+    # one long sequence beside short ones.
+    Case("mla_ragged_page64", [0, 1, 63, 64, 65, 128, 129, 700, 5], 16, 1, 576, 512, 64, is_mla=True),
+    Case("mla_ragged_page480", [1500, 3, 0, 31, 32, 33, 480, 481], 8, 1, 576, 512, 480, is_mla=True),
+    Case("gqa_ragged_page16", [0, 15, 16, 17, 31, 32, 33, 600, 2], 8, 2, 64, 64, 16),
+    # Many-head MLA: 64 heads in one M=64 group, 128 in two groups per KV head; an uneven
+    # group (6 query heads per KV head, 4 a program).
+    Case("mla_64_heads", [40, 0, 70], 64, 1, 576, 512, 16, is_mla=True),
+    Case("mla_128_heads", [40, 0, 70], 128, 1, 576, 512, 16, is_mla=True),
+    Case("mla_128_heads_by_32", [33], 128, 1, 576, 512, 16, is_mla=True, config=LaunchConfig(heads_per_program=32)),
+    Case("gqa_uneven_head_groups", [50, 20], 12, 2, 64, 64, 16, config=LaunchConfig(heads_per_program=4)),
+]
+
+
 def make_cache(
     case: Case, dtype: torch.dtype, gen: torch.Generator, pages: list[list[int]], num_pages: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,7 +131,10 @@ def run(
         None, None, case.is_mla, variant=variant, config=case.config,
     )  # fmt: skip
     ref_o, ref_lse = decode_attention_reference(q, k, v, table, seq_lens, scale, case.page_size, case.logit_cap)
-    return relative_error(o, ref_o), relative_error(lse, ref_lse)
+    # An empty sequence: a zero output and lse = -inf, as the reference (and vLLM's kernel).
+    empty = seq_lens == 0
+    assert (o[empty] == 0).all() and (lse[empty] == float("-inf")).all()
+    return relative_error(o[~empty], ref_o[~empty]), relative_error(lse[~empty], ref_lse[~empty])
 
 
 @pytest.mark.parametrize("variant", ["fixed", "legacy"])
@@ -124,6 +144,31 @@ def test_matches_reference_with_nan_tail(case: Case, variant: str, gen: torch.Ge
     pages, num_pages = shuffled_pages(gen, case.seq_lens, case.page_size)
     k, v = make_cache(case, torch.float16, gen, pages, num_pages)
     err_o, err_lse = run(case, k, v, block_table(pages), torch.float16, gen, variant)
+    assert err_o < 1e-2
+    assert err_lse < 1e-3
+
+
+SCHEDULE_CASE = Case("gqa_schedule", [0, 1, 31, 32, 33, 64, 65, 300, 7], 4, 1, 64, 64, 16, logit_cap=0.0)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 9, 64])
+def test_every_key_counted_once_whatever_the_items(num_splits: int, gen: torch.Generator) -> None:
+    """One piece per sequence up to one tile per piece (tile 16 on 16-token pages): the
+    output and lse stay on the float64 reference at a tolerance that a key missed or
+    counted twice (1/300 of a sequence's weight or more) would break."""
+    case = Case(**{**SCHEDULE_CASE.__dict__, "config": LaunchConfig(num_splits=num_splits, tile=16)})
+    pages, num_pages = shuffled_pages(gen, case.seq_lens, case.page_size)
+    k, v = make_cache(case, torch.float16, gen, pages, num_pages)
+    err_o, err_lse = run(case, k, v, block_table(pages), torch.float16, gen, "fixed")
+    assert err_o < 2e-3
+    assert err_lse < 1e-5
+
+
+@pytest.mark.parametrize("case", SCHEDULED_CASES, ids=lambda c: c.name)
+def test_ragged_and_many_head_batches(case: Case, gen: torch.Generator) -> None:
+    pages, num_pages = shuffled_pages(gen, case.seq_lens, case.page_size)
+    k, v = make_cache(case, torch.float16, gen, pages, num_pages)
+    err_o, err_lse = run(case, k, v, block_table(pages), torch.float16, gen, "fixed")
     assert err_o < 1e-2
     assert err_lse < 1e-3
 
@@ -243,3 +288,40 @@ def test_real_sizes_match_reference(case: Case, variant: str, gen: torch.Generat
     err_o, err_lse = run(case, k, v, block_table(pages), torch.bfloat16, gen, variant)
     assert err_o < 1e-2
     assert err_lse < 1e-2
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_cuda_graph_replay_follows_new_seq_lens(gen: torch.Generator) -> None:
+    """Captured once (the grid fixed by the batch size), replayed with other length mixes in
+    the same tensors: every replay schedules its pieces from the new seq_lens."""
+    longest, batch = 8192, 16
+    case = Case("mla_graph", [longest] * batch, 16, 1, 576, 512, 64, is_mla=True)
+    pages, num_pages = shuffled_pages(gen, case.seq_lens, case.page_size)
+    k, v = make_cache(case, torch.bfloat16, gen, pages, num_pages)
+    table = block_table(pages)
+    q = randn(gen, batch, case.num_heads, case.lk, dtype=torch.bfloat16)
+    o = torch.empty(batch, case.num_heads, case.lv, dtype=torch.bfloat16, device=DEVICE)
+    lse = torch.empty(batch, case.num_heads, device=DEVICE)
+    logits = torch.empty(batch, case.num_heads, 4, case.lv + 1, device=DEVICE)
+    lens = torch.tensor(case.seq_lens, dtype=torch.int32, device=DEVICE)
+    scale = case.lk**-0.5
+
+    def call() -> None:
+        decode_attention_fwd(q, k, v, o, lse, table, lens, logits, 4, scale, case.page_size, is_mla=True)
+
+    call()  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    mixes = [[longest] * batch, [1] * (batch - 1) + [longest], [0, 3, 64, 65, 4000, 129, 7000, 1] * 2]
+    for mix in mixes:
+        lens.copy_(torch.tensor(mix, dtype=torch.int32))
+        q.copy_(randn(gen, *q.shape, dtype=torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_o, ref_lse = decode_attention_reference(q, k, v, table, lens, scale, case.page_size)
+        full = lens > 0
+        assert relative_error(o[full], ref_o[full]) < 1e-2, mix
+        assert relative_error(lse[full], ref_lse[full]) < 1e-2, mix
+        assert (o[~full] == 0).all()

@@ -53,8 +53,12 @@ CASES = [
     Case("prefill_only", [20, 33], [20, 33]),
     Case("sliding_window", [5, 1, 12], [30, 41, 12], window_left=8),
     Case("softcap", [4, 1], [20, 35], softcap=5.0),
-    Case("decode_split_kv", [1, 1, 1], [70, 9, 130], config=LaunchConfig(num_splits=3)),
-    Case("decode_split_kv_window", [1, 1], [90, 33], window_left=20, config=LaunchConfig(num_splits=2)),
+    Case("decode_split_kv", [1, 1, 1], [70, 9, 130], config=LaunchConfig(num_splits=8)),
+    Case("decode_split_kv_window", [1, 1], [200, 33], window_left=40, config=LaunchConfig(num_splits=8)),
+    # Token-balanced pieces of a ragged decode batch: a key, a tile -1/0/+1, block edges,
+    # one long sequence; then the default launch, which splits from 1024 keys on.
+    Case("decode_split_ragged", [1] * 7, [1, 31, 32, 33, 400, 5, 64], config=LaunchConfig(num_splits=16)),
+    Case("decode_split_default", [1, 1, 1], [1100, 3, 40]),
 ]
 
 
@@ -91,7 +95,7 @@ def test_matches_reference_with_nan_tail(case: Case, causal: bool, dtype: torch.
     assert run_case(case, causal, dtype, gen) < 1e-2
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.window_left < 0][:3], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [*[c for c in CASES if c.window_left < 0][:3], CASES[-2]], ids=lambda c: c.name)
 def test_legacy_is_right_when_causal(case: Case, gen: torch.Generator) -> None:
     """Causal bounds never passed seq_len: the legacy twin differs only where the bug was."""
     assert run_case(case, True, torch.float16, gen, variant="legacy") < 1e-2
@@ -100,7 +104,7 @@ def test_legacy_is_right_when_causal(case: Case, gen: torch.Generator) -> None:
 CROSS_ATTENTION = [
     Case("cross_attention_mha", [1, 1, 2, 1], [15, 37, 20, 8], num_heads=4, num_kv_heads=4),
     Case("cross_attention_gqa", [1, 3], [29, 16], num_heads=8, num_kv_heads=2),
-    Case("cross_attention_split_kv", [1, 1], [45, 19], num_heads=4, num_kv_heads=4, config=LaunchConfig(num_splits=2)),
+    Case("cross_attention_split_kv", [1, 1], [45, 19], num_heads=4, num_kv_heads=4, config=LaunchConfig(num_splits=6)),
 ]
 
 
@@ -240,3 +244,35 @@ def test_real_sizes_match_reference(case: Case, causal: bool, gen: torch.Generat
 def test_real_size_cross_attention_nan_tail(gen: torch.Generator) -> None:
     test_nan_tail_poisons_legacy_noncausal_only(WHISPER_CROSS, gen)
     assert run_case(WHISPER_CROSS, True, torch.bfloat16, gen, variant="legacy") < 1e-2
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_cuda_graph_replay_follows_new_seq_lens(gen: torch.Generator) -> None:
+    """A decode-only batch captured once and replayed with other length mixes in the same
+    tensors: the split pieces follow each replay's seqused_k."""
+    longest, batch = 8192, 16
+    case = Case("gqa_graph", [1] * batch, [longest] * batch, num_heads=32, num_kv_heads=8, head_size=128)
+    cache = paged_cache(gen, case.seq_lens, case.block_size, case.num_kv_heads, case.head_size, torch.bfloat16)
+    q = randn(gen, batch, case.num_heads, case.head_size, dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    cu = cu_seqlens(case.query_lens)
+    scale = case.head_size**-0.5
+
+    def call() -> None:
+        unified_attention(
+            q, cache.k, cache.v, out, cu, 1, cache.seq_lens, longest, scale, True, (-1, -1), cache.block_table,
+            0.0, None, None, None,
+        )  # fmt: skip
+
+    call()  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for mix in ([longest] * batch, [1] * (batch - 1) + [longest], [2, 3, 64, 65, 4000, 129, 7000, 1] * 2):
+        cache.seq_lens.copy_(torch.tensor(mix, dtype=torch.int32))
+        q.copy_(randn(gen, *q.shape, dtype=torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = unified_attention_reference(q, cache.k, cache.v, cu, cache.seq_lens, cache.block_table, scale, True)
+        assert relative_error(out, expected) < 1e-2, mix

@@ -1,0 +1,81 @@
+"""Registers, spills and shared memory of the MLA decode kernel compiled for sm_90, no GPU needed.
+
+Triton compiles for a named target with its bundled ptxas, so the launch defaults can be
+checked on any host: a program that spills, or needs more shared memory than a
+multiprocessor has (227 KB on Hopper), is slow whatever the schedule. Pointers and strides
+get the 16-divisibility the JIT gives them at a real launch (without it every load is
+scalar and the numbers mean nothing).
+
+    python scripts/kernel_resources.py
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels.decode_attention import _decode_split_kernel
+
+_POINTERS = {
+    "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "table_ptr": "*i32", "seq_lens_ptr": "*i32",
+    "partials_ptr": "*fp32", "sched_ptr": "*i32",
+}  # fmt: skip
+_UNALIGNED = ("scale", "logit_cap", "num_seqs", "num_items", "min_tiles")
+
+
+def resources(heads: int, heads_per_program: int, tile: int, num_warps: int, num_stages: int) -> str:
+    """One MLA configuration (576/512 latents, 64-token pages, fixed variant): its numbers."""
+    constexprs = {
+        "Q_PER_KV": heads, "HEADS_PER_PROGRAM": heads_per_program, "BLOCKS_PER_KV": -(-heads // heads_per_program),
+        "BLOCK_H": max(16, triton.next_power_of_2(heads_per_program)), "QK_MAIN": 512, "QK_MAIN_PAD": 512,
+        "QK_ROPE": 64, "QK_ROPE_PAD": 64, "V_DIM": 512, "V_PAD": 512, "PAGE_SIZE": 64, "TILE": tile,
+        "TILE_IN_ONE_PAGE": 64 % tile == 0, "V_IS_K_MAIN": True, "USE_LOGIT_CAP": False, "PAGE_OFFSET_INT64": True,
+        "SEQS_PAD": 256,
+    }  # fmt: skip
+    names = _decode_split_kernel.arg_names
+    signature = {
+        n: "constexpr" if n in constexprs else _POINTERS.get(n, "fp32" if n in ("scale", "logit_cap") else "i32")
+        for n in names
+    }
+    aligned = {
+        (i,): [["tt.divisibility", 16]]
+        for i, n in enumerate(names)
+        if signature[n] != "constexpr" and n not in _UNALIGNED
+    }
+    source = ASTSource(
+        _decode_split_kernel, signature, constexprs={(names.index(n),): v for n, v in constexprs.items()}, attrs=aligned
+    )
+    kernel = triton.compile(
+        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages}
+    )
+    cubin = Path(os.environ.get("TMPDIR", "/tmp")) / f"kvcanary_decode_{os.getpid()}.cubin"
+    cubin.write_bytes(kernel.asm["cubin"])
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    usage = subprocess.run([str(tool), "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
+    cubin.unlink()
+    registers = re.search(r"REG:(\d+)", usage)
+    stack = re.search(r"STACK:(\d+)", usage)
+    ptx = kernel.asm["ptx"]
+    return (
+        f"registers {registers.group(1) if registers else '?'}, spill stack {stack.group(1) if stack else '?'} B, "
+        f"shared {kernel.metadata.shared // 1024} KB, {'wgmma' if 'wgmma' in ptx else 'mma.sync'}"
+    )
+
+
+def main() -> None:
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    print("MLA decode on sm_90: heads, heads a program, tile, warps, stages")
+    configs = [(16, 16, 64, 8, 2), (128, 64, 32, 8, 2), (128, 64, 64, 8, 2), (128, 64, 32, 4, 2), (128, 32, 64, 8, 2)]
+    for config in configs:
+        print(config, resources(*config), flush=True)
+
+
+if __name__ == "__main__":
+    main()
