@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO))
 
 from bench_ragged import ragged_rows  # noqa: E402
 from cuda_timing import DEVICE, DTYPE, paired_ms, timed_ms  # noqa: E402
-from ragged_batches import LOGNORMAL_CLIP, LOGNORMAL_MEDIAN, LOGNORMAL_P99, format_ragged_table  # noqa: E402
+from ragged_batches import LOGNORMAL_CLIP, LOGNORMAL_MEDIAN, LOGNORMAL_P99, format_ragged_table, format_sweep  # noqa: E402
 from vllm_ref import Peers, load_peers, load_vllm, make_vllm_ref, vllm_unified_decode  # noqa: E402
 
 from kernels._launch import LaunchConfig, sm_count  # noqa: E402
@@ -119,7 +119,7 @@ def bench_gqa(
 
     configs: list[LaunchConfig | None] = [None]
     if sweep:
-        configs += [LaunchConfig(num_stages=4), LaunchConfig(num_splits=2)]
+        configs += [LaunchConfig(num_stages=4), LaunchConfig(num_splits=1)]
     best: tuple[float, LaunchConfig | None] | None = None
     for config in configs:
         ms = timed_ms(ours("fixed", config))
@@ -167,7 +167,7 @@ def bench_mla(copy_bps: float, vllm_decode: ModuleType | None, num_seqs: int, se
 
     configs: list[LaunchConfig | None] = [None]
     if sweep:
-        configs += [LaunchConfig(tile=64, num_stages=2), LaunchConfig(num_splits=4 * sm_count(q.device) // num_seqs)]
+        configs += [LaunchConfig(tile=32), LaunchConfig(num_splits=4 * sm_count(q.device))]
     best: tuple[float, LaunchConfig | None] | None = None
     for config in configs:
         ms = timed_ms(ours("fixed", config))
@@ -314,13 +314,17 @@ def summary(copy_bps: float, vllm_note: str, peers: Peers) -> str:
         lines.append(format_ragged_table(ragged))
         for r in ragged:
             lines += [f"  {r['case']}: {k}={v}" for k, v in r.items() if k.endswith("_error")]
+        swept = [format_sweep(r) for r in ragged if r.get("sweep_ms")]
+        if swept:
+            lines.append("launches swept (our fixed kernel, ms; ratio to the default launch):")
+            lines += swept
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vllm-ref", default=None, help="folder with vLLM 0.24's Triton attention sources")
-    parser.add_argument("--sweep", action="store_true", help="also time a few launch configurations")
+    parser.add_argument("--sweep", action="store_true", help="also time a few launch configurations (ragged rows too)")
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for bench.json and bench.txt")
     parser.add_argument(
         "--make-vllm-ref",
@@ -350,7 +354,7 @@ def main() -> None:
         bench_mla(copy_bps, vllm_decode, 32, 8192, args.sweep)
         bench_mla(copy_bps, vllm_decode, 64, 32768, args.sweep)
         torch.cuda.empty_cache()
-    for row in ragged_rows(copy_bps, (vllm_unified, vllm_decode), peers, args.smoke):
+    for row in ragged_rows(copy_bps, (vllm_unified, vllm_decode), peers, args.smoke, args.sweep):
         record("ragged", **row)
     nan_tail(vllm_unified)
     if not args.smoke:

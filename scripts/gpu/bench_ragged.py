@@ -10,22 +10,23 @@ from typing import Any
 import torch
 import triton
 from cuda_timing import DEVICE, DTYPE, paired_ms
-from ragged_batches import RaggedCase, ragged_cases, ragged_page_table, ragged_row
+from ragged_batches import RaggedCase, ragged_cases, ragged_page_table, ragged_row, sweep_configs
 from vllm_ref import Peers, vllm_unified_decode
 
-from kernels._launch import sm_count
+from kernels._launch import LaunchConfig, sm_count
 from kernels.decode_attention import decode_attention_fwd
 from kernels.reference import decode_attention_reference, relative_error, unified_attention_reference
 from kernels.unified_attention import unified_attention
 
 VllmTriton = tuple[ModuleType | None, ModuleType | None]  # vLLM's unified and decode modules
+Ours = Callable[[str, LaunchConfig | None], Callable[[], torch.Tensor]]  # our kernel by variant and launch
 
 FA3_NUM_SPLITS = 32  # vLLM 0.24's flash_attn_max_num_splits_for_cuda_graph: what decode under graphs gets
 
 
 def gqa_case_fns(
     case: RaggedCase, vllm_unified: ModuleType | None, peers: Peers
-) -> tuple[dict[str, Callable[[], torch.Tensor]], torch.Tensor]:
+) -> tuple[dict[str, Callable[[], torch.Tensor]], torch.Tensor, Ours]:
     """Each kernel as a call returning its output, on one GQA batch, and the float64 reference."""
     gen = torch.Generator(device=DEVICE).manual_seed(5)
     table, num_pages = ragged_page_table(case.lengths, case.page, torch.Generator().manual_seed(5))
@@ -41,11 +42,11 @@ def gqa_case_fns(
     expected = unified_attention_reference(q, k, v, cu, lens, table, scale, True)
     out = torch.empty_like(q)
 
-    def ours(variant: str) -> Callable[[], torch.Tensor]:
+    def ours(variant: str, config: LaunchConfig | None = None) -> Callable[[], torch.Tensor]:
         def run() -> torch.Tensor:
             unified_attention(
                 q, k, v, out, cu, 1, lens, max_len, scale, True, (-1, -1), table, 0.0, None, None, None,
-                variant=variant,
+                variant=variant, config=config,
             )  # fmt: skip
             return out
 
@@ -80,12 +81,12 @@ def gqa_case_fns(
             return peer_out
 
         fns["peer"] = peer
-    return fns, expected
+    return fns, expected, ours
 
 
 def mla_case_fns(
     case: RaggedCase, vllm_decode: ModuleType | None, peers: Peers
-) -> tuple[dict[str, Callable[[], torch.Tensor]], torch.Tensor]:
+) -> tuple[dict[str, Callable[[], torch.Tensor]], torch.Tensor, Ours]:
     """Each kernel as a call returning its output, on one MLA batch, and the float64 reference."""
     gen = torch.Generator(device=DEVICE).manual_seed(6)
     table, num_pages = ragged_page_table(case.lengths, case.page, torch.Generator().manual_seed(6))
@@ -106,11 +107,11 @@ def mla_case_fns(
     lse = torch.empty(num_seqs, case.q_heads, device=DEVICE, dtype=DTYPE)
     one = torch.ones((), device=DEVICE)
 
-    def ours(variant: str) -> Callable[[], torch.Tensor]:
+    def ours(variant: str, config: LaunchConfig | None = None) -> Callable[[], torch.Tensor]:
         def run() -> torch.Tensor:
             decode_attention_fwd(
                 q, cache, v_view, o, lse, table, lens, logits, splits, scale, case.page, 0.0, one, one, True,
-                variant=variant,
+                variant=variant, config=config,
             )  # fmt: skip
             return o
 
@@ -141,16 +142,19 @@ def mla_case_fns(
             return out[:, 0]
 
         fns["peer"] = peer
-    return fns, expected
+    return fns, expected, ours
 
 
-def ragged_case_row(case: RaggedCase, copy_bps: float, vllm: VllmTriton, peers: Peers) -> dict[str, Any]:
+def ragged_case_row(
+    case: RaggedCase, copy_bps: float, vllm: VllmTriton, peers: Peers, sweep: bool = False
+) -> dict[str, Any]:
     """One row: every kernel's error against the reference (a kernel that raises or is
-    wrong is left out of the timing, with the reason), then interleaved graph timings."""
+    wrong is left out of the timing, with the reason), then interleaved graph timings;
+    with ``sweep``, our fixed kernel under other launches, timed against its default."""
     if case.kind == "gqa":
-        fns, expected = gqa_case_fns(case, vllm[0], peers)
+        fns, expected, ours = gqa_case_fns(case, vllm[0], peers)
     else:
-        fns, expected = mla_case_fns(case, vllm[1], peers)
+        fns, expected, ours = mla_case_fns(case, vllm[1], peers)
     rel_err: dict[str, float] = {}
     notes: dict[str, str] = {}
     for kernel, fn in list(fns.items()):
@@ -165,16 +169,29 @@ def ragged_case_row(case: RaggedCase, copy_bps: float, vllm: VllmTriton, peers: 
             notes[f"{kernel}_error"] = f"rel err {rel_err[kernel]:.2e} against the float64 reference: not timed"
             del fns[kernel]
     # Fewer ms of replays for big rows keeps the table near two minutes on an H200.
-    ms = paired_ms(fns, rounds=3, rep=25 if case.kv_bytes < 2**30 else 15) if fns else {}
-    return ragged_row(case, ms, rel_err, copy_bps, notes)
+    rep = 25 if case.kv_bytes < 2**30 else 15
+    ms = paired_ms(fns, rounds=3, rep=rep) if fns else {}
+    row = ragged_row(case, ms, rel_err, copy_bps, notes)
+    if sweep and "fixed" in fns:
+        launches = {"default": fns["fixed"]}
+        for label, config in sweep_configs(case, sm_count(torch.device(DEVICE))).items():
+            err = relative_error(ours("fixed", config)(), expected)
+            if err < 2e-2:
+                launches[label] = ours("fixed", config)
+            else:
+                row[f"sweep {label}_error"] = f"rel err {err:.2e}"
+        row["sweep_ms"] = paired_ms(launches, rounds=2, rep=rep)
+    return row
 
 
-def ragged_rows(copy_bps: float, vllm: VllmTriton, peers: Peers, smoke: bool) -> Iterator[dict[str, Any]]:
+def ragged_rows(
+    copy_bps: float, vllm: VllmTriton, peers: Peers, smoke: bool, sweep: bool = False
+) -> Iterator[dict[str, Any]]:
     """The table's rows, one case at a time (memory is freed between cases); a case that
     fails is a row with its error, and the next case runs."""
     for case in ragged_cases(smoke):
         try:
-            yield ragged_case_row(case, copy_bps, vllm, peers)
+            yield ragged_case_row(case, copy_bps, vllm, peers, sweep)
         except Exception as exc:  # keep the other rows: an error is a row too
             yield {"case": case.name, "error": repr(exc)[:200]}
         torch.cuda.empty_cache()

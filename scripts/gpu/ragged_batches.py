@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from kernels._launch import LaunchConfig
+
 LOGNORMAL_MEDIAN, LOGNORMAL_P99, LOGNORMAL_CLIP = 2048, 32768, (16, 65536)
 _Z99 = 2.3263478740408408  # the standard normal's 99th percentile
 BF16_BYTES = 2
@@ -115,6 +117,38 @@ def ragged_cases(smoke: bool = False) -> list[RaggedCase]:
         RaggedCase("mla 64 ragged 2k-16k 8h p480", "mla", range_lengths(64, 65, 2048, 16384), 8, page=480),
     ]
     return cases
+
+
+def sweep_configs(case: RaggedCase, num_sms: int) -> dict[str, LaunchConfig]:
+    """Launches to time beside the default with ``--sweep``: half and twice the default's
+    work items (``num_splits`` counts items per head group), no split at all for GQA, and
+    for many-head MLA 32-head groups and 64-key tiles. Labels name what changed."""
+    if case.kind == "gqa":
+        per_kv = num_sms // case.kv_heads
+        return {
+            "no split": LaunchConfig(num_splits=1),
+            "items/2": LaunchConfig(num_splits=4 * per_kv),
+            "items*2": LaunchConfig(num_splits=16 * per_kv),
+        }
+    groups = -(-case.q_heads // min(case.q_heads, 64))
+    configs = {
+        "items/2": LaunchConfig(num_splits=num_sms // groups),
+        "items*2": LaunchConfig(num_splits=4 * num_sms // groups),
+    }
+    if case.q_heads >= 64:
+        configs["heads 32"] = LaunchConfig(heads_per_program=32)
+        configs["tile 64"] = LaunchConfig(tile=64)
+    return configs
+
+
+def format_sweep(row: dict[str, Any]) -> str:
+    """One line per swept row: each launch's time and its ratio to the default's."""
+    sweep: dict[str, float] = row.get("sweep_ms") or {}
+    if not sweep:
+        return ""
+    default = sweep["default"]
+    parts = [f"{label} {ms:.3f} ms ({ms / default:.2f}x)" for label, ms in sweep.items() if label != "default"]
+    return f"  {row['case']}: default {default:.3f} ms; " + "; ".join(parts)
 
 
 TABLE_SLACK = 8  # spare columns: kernels that read the table a tile past a sequence stay inside it

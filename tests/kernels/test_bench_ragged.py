@@ -19,11 +19,13 @@ from ragged_batches import (
     TABLE_SLACK,
     RaggedCase,
     format_ragged_table,
+    format_sweep,
     lognormal_lengths,
     ragged_cases,
     ragged_page_table,
     ragged_row,
     range_lengths,
+    sweep_configs,
 )
 from vllm_ref import REF_FILES, STAND_INS, load_peers, make_vllm_ref
 
@@ -158,3 +160,17 @@ def test_stand_ins_import_and_missing_peers_are_explained(tmp_path: Path) -> Non
     assert fa3_note.startswith("FA3 did not import") and "vllm_flash_attn" in fa3_note
     assert flashmla_note.startswith("FlashMLA did not import") and "third_party" in flashmla_note
     assert load_peers(None).fa3_note == "no vLLM files given (--vllm-ref)"
+
+
+def test_the_sweep_varies_the_work_items_and_many_head_groups() -> None:
+    gqa = RaggedCase("g", "gqa", (100, 200), 32, 8)
+    assert sweep_configs(gqa, 132)["no split"].num_splits == 1
+    assert sweep_configs(gqa, 132)["items*2"].num_splits == 4 * sweep_configs(gqa, 132)["items/2"].num_splits
+    narrow = RaggedCase("m", "mla", (100,), 16, page=64)
+    assert set(sweep_configs(narrow, 132)) == {"items/2", "items*2"}
+    wide = sweep_configs(RaggedCase("w", "mla", (100,), 128, page=64), 132)
+    assert wide["heads 32"].heads_per_program == 32 and wide["tile 64"].tile == 64
+    assert wide["items/2"].num_splits == 66  # 132 multiprocessors over two 64-head groups
+    line = format_sweep({"case": "w", "sweep_ms": {"default": 0.5, "heads 32": 0.25}})
+    assert line == "  w: default 0.500 ms; heads 32 0.250 ms (0.50x)"
+    assert format_sweep({"case": "w"}) == ""
