@@ -121,6 +121,13 @@ def _merge_kernel(
         tl.store(lse_ptr + row.to(tl.int64) * stride_lse_tok + head * stride_lse_head, lse)
 
 
+def work_items(target: int, num_seqs: int) -> int:
+    """The grid's work items per head group for a ``target`` and a batch of ``num_seqs``: at
+    least one per sequence, and half the target more where the batch is as large as the
+    target, so that a long sequence in a large batch is still cut into pieces."""
+    return max(target, num_seqs + target // 2)
+
+
 def split_scratch(num_items: int, num_seqs: int, num_heads: int, head_size: int, device: torch.device):
     """The partials ``[items, heads, head_size + 1]`` and the schedule ``[seqs, 2]``.
 

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from kernels._launch import Launch, LaunchConfig, check_variant, sm_count
-from kernels._split_kv import balanced_piece, merge_splits, split_scratch
+from kernels._split_kv import balanced_piece, merge_splits, split_scratch, work_items
 from kernels._vllm_args import check_decode_args, check_unit_scale, page_geometry
 
 
@@ -243,14 +243,15 @@ def _decode_split_kernel(
 
 # Head groups: up to 64 query heads of one KV head per program, so that many-head MLA runs
 # its dots on M=64 tiles (Hopper's wgmma size) and reads the latent keys once per 64 heads;
-# the [64, 512] fp32 accumulator then takes 128 registers a thread at 8 warps, and 32-key
-# tiles keep the rest in registers (sm_90: 255 registers, 24 B of spill, 144 KB of shared
-# memory; scripts/kernel_resources.py).
+# the [64, 512] fp32 accumulator then takes 128 registers a thread at 8 warps. 64-key tiles
+# spill a little (sm_90: 120 B, 216 KB of shared memory; scripts/kernel_resources.py) and
+# were still 1.4x faster than 32-key tiles on an H200 (128 heads, 32 sequences of 1k-8k).
 # Work items: 2 programs per multiprocessor. A program of up to 32 heads (16-head MLA: 64
 # keys of 576 a tile, 8 warps, 116 registers, 92 KB) keeps 2 resident, so that is one
 # wave: memory-bound, where every extra piece costs a partial written and read back (33 KB
 # for 16 heads). A 64-head program keeps 1 resident, so that is two waves: compute-bound,
-# where the second wave evens out what the pieces' rounding leaves. The schedule cuts the
+# where the second wave evens out what the pieces' rounding leaves (a batch larger than the
+# target gets half the target more: kernels._split_kv.work_items). The schedule cuts the
 # batch's keys into at most that many near-equal pieces whatever the length mix; pieces of
 # at least 256 keys keep the partials' traffic small for short batches (an explicit
 # num_splits drops that floor). Tiles that divide the page size let a tile's page id be
@@ -268,7 +269,7 @@ def _default_launch(
     items = max(1, _PROGRAMS_PER_SM * num_sms // head_blocks)
     num_warps = 8 if is_mla or wide else 4
     if wide:
-        tile, num_stages = 32, 2
+        tile, num_stages = (64 if page_size % 64 == 0 else 32), 2
     elif page_size % 64 == 0:
         tile, num_stages = 64, 2
     else:
@@ -327,7 +328,7 @@ def decode_attention_fwd(
     # The grid is fixed by the batch size (CUDA graphs); the pieces follow b_seq_len on the
     # device. attn_logits ([batch, heads, num_kv_splits, Lv + 1]) is too small for a grid
     # that is not a multiple of the batch, so the partials get their own scratch.
-    num_items = max(launch.num_splits, batch)
+    num_items = work_items(launch.num_splits, batch)
     partials, sched = split_scratch(num_items, batch, num_q_heads, lv, q.device)
 
     _decode_split_kernel[(num_kv_heads * blocks_per_kv, num_items)](

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from kernels._launch import Launch, LaunchConfig, check_variant, sm_count
-from kernels._split_kv import balanced_piece, merge_splits, split_scratch
+from kernels._split_kv import balanced_piece, merge_splits, split_scratch, work_items
 from kernels._vllm_args import check_unified_layout, refuse_unsupported_unified
 
 
@@ -312,16 +312,17 @@ def _unified_attention_kernel(
 # sm_90, so 2 stay resident per multiprocessor. Decode-only batches are split into
 # token-balanced work items (kernels._split_kv) for 8 programs per multiprocessor: a few
 # waves, so that the launch order evens out what the pieces' rounding leaves (a GQA piece's
-# partial is a few KB). Pieces keep at least 512 keys (an explicit num_splits drops that
-# floor); batches whose longest sequence is short, or with more sequences than items, run
-# unsplit.
+# partial is a few KB); a batch larger than the target gets half the target more
+# (kernels._split_kv.work_items), so that its long sequences are still cut. Pieces keep at
+# least 512 keys (an explicit num_splits drops that floor); batches whose longest sequence
+# is short run unsplit.
 _PROGRAMS_PER_SM = 8
 _MIN_KEYS_PER_SPLIT = 512
 
 
 def _default_launch(decode_only: bool, num_seqs: int, num_kv_heads: int, max_seqlen_k: int, num_sms: int) -> Launch:
     items = _PROGRAMS_PER_SM * num_sms // num_kv_heads
-    split = decode_only and items > num_seqs and max_seqlen_k >= 2 * _MIN_KEYS_PER_SPLIT
+    split = decode_only and max_seqlen_k >= 2 * _MIN_KEYS_PER_SPLIT
     return Launch(tile=32, num_warps=4, num_stages=3, num_splits=items if split else 1, heads_per_program=1)
 
 
@@ -406,7 +407,7 @@ def unified_attention(
 
     # Split: the grid is fixed by the batch size (CUDA graphs), the pieces follow seqused_k
     # on the device.
-    num_items = max(launch.num_splits, num_seqs) if split else 0
+    num_items = work_items(launch.num_splits, num_seqs) if split else 0
     min_tiles = 1 if config.num_splits else triton.cdiv(_MIN_KEYS_PER_SPLIT, launch.tile)
     partials, sched = split_scratch(num_items, num_seqs, num_q_heads, head_size, q.device) if split else (out, out)
     _unified_attention_kernel[(num_items if split else num_q_blocks, num_kv_heads)](

@@ -121,14 +121,16 @@ def ragged_cases(smoke: bool = False) -> list[RaggedCase]:
 
 def sweep_configs(case: RaggedCase, num_sms: int) -> dict[str, LaunchConfig]:
     """Launches to time beside the default with ``--sweep``: half and twice the default's
-    work items (``num_splits`` counts items per head group), no split at all for GQA, and
-    for many-head MLA 32-head groups and 64-key tiles. Labels name what changed."""
+    work items (``num_splits`` counts items per head group), the other tile size, no split
+    at all for GQA, 32-head groups for many-head MLA and three pipeline stages for the
+    narrow one. Labels name what changed."""
     if case.kind == "gqa":
         per_kv = num_sms // case.kv_heads
         return {
             "no split": LaunchConfig(num_splits=1),
             "items/2": LaunchConfig(num_splits=4 * per_kv),
             "items*2": LaunchConfig(num_splits=16 * per_kv),
+            "tile 64": LaunchConfig(tile=64),
         }
     groups = -(-case.q_heads // min(case.q_heads, 64))
     configs = {
@@ -137,7 +139,10 @@ def sweep_configs(case: RaggedCase, num_sms: int) -> dict[str, LaunchConfig]:
     }
     if case.q_heads >= 64:
         configs["heads 32"] = LaunchConfig(heads_per_program=32)
-        configs["tile 64"] = LaunchConfig(tile=64)
+        configs["tile 32"] = LaunchConfig(tile=32)
+    else:
+        configs["stages 3"] = LaunchConfig(num_stages=3)
+        configs["tile 64" if case.page % 64 else "tile 32"] = LaunchConfig(tile=64 if case.page % 64 else 32)
     return configs
 
 
