@@ -255,8 +255,9 @@ def _decode_split_kernel(
 # batch's keys into at most that many near-equal pieces whatever the length mix; pieces of
 # at least 256 keys keep the partials' traffic small for short batches (an explicit
 # num_splits drops that floor). Tiles that divide the page size let a tile's page id be
-# one scalar; narrow MLA takes 64-key tiles on any page (on 480-token pages 1.35x faster than
-# 32-key ones in one page, on the H200 sweep).
+# one scalar. On 480-token pages 64-key tiles straddle pages, so each key's page offset is
+# an int64 product: on the H200 that made fixed 1.37x slower than legacy (tile 64, 2 stages),
+# so 32-key tiles stay the default there.
 _MAX_HEADS_PER_PROGRAM = 64
 _MIN_PIECE_KEYS = 256
 _PROGRAMS_PER_SM = 2
@@ -271,10 +272,10 @@ def _default_launch(
     num_warps = 8 if is_mla or wide else 4
     if wide:
         tile, num_stages = (64 if page_size % 64 == 0 else 32), 2
-    elif page_size % 64 == 0 or is_mla:
+    elif page_size % 64 == 0:
         tile, num_stages = 64, 2
     else:
-        tile, num_stages = 32, 2
+        tile, num_stages = 32, 3 if is_mla else 2
     return Launch(tile, num_warps, num_stages, num_splits=items, heads_per_program=heads_per_program)
 
 
