@@ -26,17 +26,30 @@ from kernels._vllm_args import check_decode_args, check_unit_scale, page_geometr
 
 
 @triton.jit
-def _tile_ptrs(base_ptr, page, stride_page, row_offs, cols, PAGE_OFFSET_INT64: tl.constexpr, ONE_PAGE: tl.constexpr):
-    """Pointers ``base + page * stride_page + row_offs[:, None] + cols[None, :]``, where
-    ``page`` is a scalar (ONE_PAGE) or one page id per row. Only the page product needs
-    int64; the in-page offsets stay int32 and are added to the page's base pointer."""
+def _tile_ptrs(
+    base_ptr, page, page_b, in_b, stride_page, row_offs, cols, PAGE_OFFSET_INT64: tl.constexpr, PAGES: tl.constexpr
+):
+    """Pointers ``base + page * stride_page + row_offs[:, None] + cols[None, :]``. PAGES says
+    how the tile's page ids come: 1, one scalar ``page``; 2, two scalars, ``page_b`` for the
+    rows where ``in_b`` (a tile that meets two pages); 0, one page id per row in ``page``.
+    Only the page products need int64; the in-page offsets stay int32 and are added to a
+    page's base pointer."""
     offs = row_offs[:, None] + cols[None, :]
-    if not ONE_PAGE:
-        page = page[:, None]
     if PAGE_OFFSET_INT64:
-        ptrs = (base_ptr + page.to(tl.int64) * stride_page) + offs
+        if PAGES == 2:
+            ptrs_a = (base_ptr + page.to(tl.int64) * stride_page) + offs
+            ptrs_b = (base_ptr + page_b.to(tl.int64) * stride_page) + offs
+            ptrs = tl.where(in_b[:, None], ptrs_b, ptrs_a)
+        elif PAGES == 1:
+            ptrs = (base_ptr + page.to(tl.int64) * stride_page) + offs
+        else:
+            ptrs = (base_ptr + page[:, None].to(tl.int64) * stride_page) + offs
     else:
         # Pre-fix arithmetic: the whole offset in int32, which wraps past 2^31 elements.
+        if PAGES == 2:
+            page = tl.where(in_b, page_b, page)
+        if PAGES != 1:
+            page = page[:, None]
         ptrs = base_ptr + (page * stride_page + offs)
     return ptrs
 
@@ -71,7 +84,7 @@ def _decode_tiles(
     V_PAD: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     TILE: tl.constexpr,
-    TILE_IN_ONE_PAGE: tl.constexpr,
+    PAGES: tl.constexpr,
     V_IS_K_MAIN: tl.constexpr,
     USE_LOGIT_CAP: tl.constexpr,
     PAGE_OFFSET_INT64: tl.constexpr,
@@ -80,8 +93,10 @@ def _decode_tiles(
     """Online-softmax accumulation over ``num_tiles`` tiles of TILE keys from ``start``.
 
     Only the MASKED call (the sequence's last, partial tile) masks loads at ``end``. When
-    tiles never straddle a page (TILE_IN_ONE_PAGE), a tile's page id is one scalar: one
-    table load and one int64 product per tile instead of one per key.
+    tiles never straddle a page (PAGES == 1), a tile's page id is one scalar: one table load
+    and one int64 product per tile instead of one per key; when a tile meets at most two
+    pages (PAGES == 2: tiles no longer than pages they do not divide), two. The second page
+    id is read at the tile's last key inside the sequence, never past it.
     """
     offs_n = tl.arange(0, TILE)
     d_main = tl.arange(0, QK_MAIN_PAD)
@@ -89,14 +104,21 @@ def _decode_tiles(
     for t in tl.range(0, num_tiles):
         pos = start + t * TILE + offs_n
         in_seq = pos < end
-        if TILE_IN_ONE_PAGE:
-            page = tl.load(table_row_ptr + (start + t * TILE) // PAGE_SIZE)
+        first = (start + t * TILE) // PAGE_SIZE
+        page_b = first
+        in_b = in_seq
+        if PAGES == 1:
+            page = tl.load(table_row_ptr + first)
+        elif PAGES == 2:
+            page = tl.load(table_row_ptr + first)
+            page_b = tl.load(table_row_ptr + (tl.minimum(start + t * TILE + TILE, end) - 1) // PAGE_SIZE)
+            in_b = pos // PAGE_SIZE > first
         elif MASKED:
             page = tl.load(table_row_ptr + pos // PAGE_SIZE, mask=in_seq, other=0)
         else:
             page = tl.load(table_row_ptr + pos // PAGE_SIZE)
         k_rows = (pos % PAGE_SIZE) * stride_k_pos + kv_head * stride_k_head
-        k_ptrs = _tile_ptrs(k_ptr, page, stride_k_page, k_rows, d_main, PAGE_OFFSET_INT64, TILE_IN_ONE_PAGE)
+        k_ptrs = _tile_ptrs(k_ptr, page, page_b, in_b, stride_k_page, k_rows, d_main, PAGE_OFFSET_INT64, PAGES)
         if MASKED or QK_MAIN != QK_MAIN_PAD:
             k_main = tl.load(k_ptrs, mask=in_seq[:, None] & (d_main < QK_MAIN)[None, :], other=0.0)
         else:
@@ -105,7 +127,7 @@ def _decode_tiles(
         if QK_ROPE > 0:
             d_rope = tl.arange(0, QK_ROPE_PAD)
             rope_ptrs = _tile_ptrs(
-                k_ptr, page, stride_k_page, k_rows, QK_MAIN + d_rope, PAGE_OFFSET_INT64, TILE_IN_ONE_PAGE
+                k_ptr, page, page_b, in_b, stride_k_page, k_rows, QK_MAIN + d_rope, PAGE_OFFSET_INT64, PAGES
             )
             if MASKED or QK_ROPE != QK_ROPE_PAD:
                 k_rope = tl.load(rope_ptrs, mask=in_seq[:, None] & (d_rope < QK_ROPE)[None, :], other=0.0)
@@ -123,7 +145,7 @@ def _decode_tiles(
             v = k_main
         else:
             v_rows = (pos % PAGE_SIZE) * stride_v_pos + kv_head * stride_v_head
-            v_ptrs = _tile_ptrs(v_ptr, page, stride_v_page, v_rows, d_v, PAGE_OFFSET_INT64, TILE_IN_ONE_PAGE)
+            v_ptrs = _tile_ptrs(v_ptr, page, page_b, in_b, stride_v_page, v_rows, d_v, PAGE_OFFSET_INT64, PAGES)
             if MASKED or V_DIM != V_PAD:
                 v = tl.load(v_ptrs, mask=in_seq[:, None] & (d_v < V_DIM)[None, :], other=0.0)
             else:
@@ -175,7 +197,7 @@ def _decode_split_kernel(
     V_PAD: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     TILE: tl.constexpr,
-    TILE_IN_ONE_PAGE: tl.constexpr,
+    PAGES: tl.constexpr,
     V_IS_K_MAIN: tl.constexpr,
     USE_LOGIT_CAP: tl.constexpr,
     PAGE_OFFSET_INT64: tl.constexpr,
@@ -229,7 +251,7 @@ def _decode_split_kernel(
             k_ptr, v_ptr, table_row_ptr, kv_head,
             stride_k_page, stride_k_pos, stride_k_head, stride_v_page, stride_v_pos, stride_v_head,
             scale, logit_cap,
-            QK_MAIN, QK_MAIN_PAD, QK_ROPE, QK_ROPE_PAD, V_DIM, V_PAD, PAGE_SIZE, TILE, TILE_IN_ONE_PAGE,
+            QK_MAIN, QK_MAIN_PAD, QK_ROPE, QK_ROPE_PAD, V_DIM, V_PAD, PAGE_SIZE, TILE, PAGES,
             V_IS_K_MAIN, USE_LOGIT_CAP, PAGE_OFFSET_INT64, part == 1,
         )  # fmt: skip
 
@@ -255,9 +277,8 @@ def _decode_split_kernel(
 # batch's keys into at most that many near-equal pieces whatever the length mix; pieces of
 # at least 256 keys keep the partials' traffic small for short batches (an explicit
 # num_splits drops that floor). Tiles that divide the page size let a tile's page id be
-# one scalar. On 480-token pages 64-key tiles straddle pages, so each key's page offset is
-# an int64 product: on the H200 that made fixed 1.37x slower than legacy (tile 64, 2 stages),
-# so 32-key tiles stay the default there.
+# one scalar. On 480-token pages 64-key tiles meet at most two pages: two scalar page ids a
+# tile (with a page id per key, fixed was 1.37x slower than legacy there on the H200).
 _MAX_HEADS_PER_PROGRAM = 64
 _MIN_PIECE_KEYS = 256
 _PROGRAMS_PER_SM = 2
@@ -274,9 +295,19 @@ def _default_launch(
         tile, num_stages = (64 if page_size % 64 == 0 else 32), 2
     elif page_size % 64 == 0:
         tile, num_stages = 64, 2
+    elif is_mla and page_size > 64:
+        tile, num_stages = 64, 3
     else:
         tile, num_stages = 32, 3 if is_mla else 2
     return Launch(tile, num_warps, num_stages, num_splits=items, heads_per_program=heads_per_program)
+
+
+def _pages_a_tile_meets(page_size: int, tile: int) -> int:
+    """1 where tiles divide the page, 2 where a tile shorter than a page can meet two, else 0
+    (a page id per key)."""
+    if page_size % tile == 0:
+        return 1
+    return 2 if tile <= page_size else 0
 
 
 def decode_attention_fwd(
@@ -350,7 +381,7 @@ def decode_attention_fwd(
         V_PAD=max(16, triton.next_power_of_2(lv)),
         PAGE_SIZE=page_size,
         TILE=launch.tile,
-        TILE_IN_ONE_PAGE=page_size % launch.tile == 0,
+        PAGES=_pages_a_tile_meets(page_size, launch.tile),
         V_IS_K_MAIN=is_mla,
         USE_LOGIT_CAP=logit_cap > 0,
         PAGE_OFFSET_INT64=variant == "fixed",

@@ -334,6 +334,9 @@ def main() -> None:
     parser.add_argument(
         "--smoke", action="store_true", help="tiny ragged batches (every kernel and peer) and the NaN tails only"
     )
+    parser.add_argument(
+        "--cases", default=None, help="only the ragged rows whose name holds one of these comma-separated words"
+    )
     parser.add_argument("--probe", nargs=2, metavar=("KERNEL", "FIRST_PAGE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.make_vllm_ref:
@@ -349,15 +352,18 @@ def main() -> None:
     peers = load_peers(args.vllm_ref)
     copy_bps = copy_bandwidth()
     record("copy", tbps=copy_bps * 1e-12)
-    if not args.smoke:
+    whole = not args.smoke and not args.cases
+    if whole:
         bench_gqa(copy_bps, vllm_unified, args.sweep)
         bench_mla(copy_bps, vllm_decode, 32, 8192, args.sweep)
         bench_mla(copy_bps, vllm_decode, 64, 32768, args.sweep)
         torch.cuda.empty_cache()
-    for row in ragged_rows(copy_bps, (vllm_unified, vllm_decode), peers, args.smoke, args.sweep):
+    only = args.cases.split(",") if args.cases else None
+    for row in ragged_rows(copy_bps, (vllm_unified, vllm_decode), peers, args.smoke, args.sweep, only):
         record("ragged", **row)
-    nan_tail(vllm_unified)
-    if not args.smoke:
+    if whole or args.smoke:
+        nan_tail(vllm_unified)
+    if whole:
         int32_pages(vllm_decode is not None, args.vllm_ref)
     text = summary(copy_bps, vllm_note, peers) + f"\n({time.time() - started:.0f} s, {torch.cuda.get_device_name()})"
     out = Path(args.out)

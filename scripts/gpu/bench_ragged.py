@@ -185,11 +185,14 @@ def ragged_case_row(
 
 
 def ragged_rows(
-    copy_bps: float, vllm: VllmTriton, peers: Peers, smoke: bool, sweep: bool = False
+    copy_bps: float, vllm: VllmTriton, peers: Peers, smoke: bool, sweep: bool = False, only: list[str] | None = None
 ) -> Iterator[dict[str, Any]]:
-    """The table's rows, one case at a time (memory is freed between cases); a case that
-    fails is a row with its error, and the next case runs."""
+    """The table's rows, one case at a time (memory is freed between cases), or those whose
+    name holds a word of ``only``; a case that fails is a row with its error, and the next
+    case runs."""
     for case in ragged_cases(smoke):
+        if only and not any(word in case.name for word in only):
+            continue
         try:
             yield ragged_case_row(case, copy_bps, vllm, peers, sweep)
         except Exception as exc:  # keep the other rows: an error is a row too

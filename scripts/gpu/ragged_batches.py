@@ -142,7 +142,7 @@ def sweep_configs(case: RaggedCase, num_sms: int) -> dict[str, LaunchConfig]:
         configs["tile 32"] = LaunchConfig(tile=32)
     else:
         configs["stages 3"] = LaunchConfig(num_stages=3)
-        configs["tile 64" if case.page % 64 else "tile 32"] = LaunchConfig(tile=64 if case.page % 64 else 32)
+        configs["tile 32"] = LaunchConfig(tile=32)
     return configs
 
 
