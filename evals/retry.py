@@ -9,12 +9,13 @@ waits grow exponentially from `base_s` up to `cap_s`. tenacity runs the loop.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
-from tenacity import RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 RETRY_STATUS = frozenset({408, 429})
 MAX_RETRY_AFTER_S = 120.0
@@ -76,3 +77,31 @@ def policy(attempts: int, base_s: float, cap_s: float) -> dict[str, Any]:
         "wait": _Wait(base_s, cap_s),
         "reraise": True,
     }
+
+
+async def send(
+    request: Callable[[], Awaitable[httpx.Response]],
+    attempts: int,
+    base_s: float,
+    cap_s: float,
+    before_each: Callable[[], None] = lambda: None,
+) -> tuple[httpx.Response | None, str, int]:
+    """`request` tried by the rule: (the final response, "", tries), or (None, the last
+    failure, tries) when every try failed. The response may be any status that is not worth
+    another try; the caller reads it. `before_each` runs before every try (it may raise to
+    stop, as a suite does when its run is stopped)."""
+    tries = 0
+
+    async def attempt() -> httpx.Response:
+        nonlocal tries
+        before_each()
+        tries += 1
+        return check(await request())
+
+    try:
+        response: httpx.Response = await AsyncRetrying(**policy(attempts, base_s, cap_s))(attempt)
+    except RetryableStatus as exc:
+        return None, str(exc), tries
+    except httpx.HTTPError as exc:
+        return None, f"{type(exc).__name__}: {exc}", tries
+    return response, "", tries

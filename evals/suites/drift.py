@@ -34,7 +34,6 @@ from typing import Any
 
 import httpx
 from pydantic import Field
-from tenacity import AsyncRetrying
 
 from evals import fixtures, retry
 from evals.diff import SampleLike, diff_drift
@@ -140,31 +139,23 @@ class _Client:
 
     async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST with the project's one retry rule (`evals.retry`); 200 or an error naming the cause."""
-        attempts = 0
 
-        async def send() -> httpx.Response:
-            nonlocal attempts
+        def stop() -> None:
             if self.context.should_stop():
                 raise SuiteAborted("drift: the run was stopped")
-            attempts += 1
-            return retry.check(await self.client.post(f"{self.base}{path}", json=body))
 
-        try:
-            response: httpx.Response = await AsyncRetrying(
-                **retry.policy(self.config.max_retries + 1, BACKOFF_S, BACKOFF_CAP_S)
-            )(send)
-        except retry.RetryableStatus as exc:
-            error = str(exc)
-        except httpx.HTTPError as exc:
-            error = f"{type(exc).__name__}: {exc}"
-        else:
+        response, error, tries = await retry.send(
+            lambda: self.client.post(f"{self.base}{path}", json=body),
+            self.config.max_retries + 1, BACKOFF_S, BACKOFF_CAP_S, before_each=stop,
+        )  # fmt: skip
+        if response is not None:
             if response.status_code == 200:
                 found: dict[str, Any] = response.json()
                 return found
             error = f"HTTP {response.status_code}: {response.text[:300]}"
             if response.status_code == 400 and "Out of range float values" in response.text:
                 raise _NotFinite(error)
-        raise RuntimeError(f"drift: {path} failed after {attempts} attempt(s): {error}")
+        raise RuntimeError(f"drift: {path} failed after {tries} attempt(s): {error}")
 
     async def tokenize(self, text: str) -> tuple[list[int], int]:
         found = await self.post("/tokenize", {"model": self.context.served_model_name, "prompt": text})

@@ -21,7 +21,6 @@ from typing import Any
 
 import httpx
 from pydantic import model_validator
-from tenacity import AsyncRetrying
 
 from evals import retry, stats
 from evals.metric_kinds import WER
@@ -218,30 +217,20 @@ class _Transcriber:
             "temperature": str(self.config.temperature),
             "response_format": "json",
         }
-        attempts = 0
 
-        async def send() -> httpx.Response:
-            nonlocal attempts
+        def stop() -> None:
             if self.context.should_stop():
                 raise SuiteAborted("wer: the run was stopped")
-            attempts += 1
-            return retry.check(
-                await self.client.post(self.url, data=form, files={"file": (utterance.filename, utterance.audio)})
-            )
 
-        try:
-            response: httpx.Response = await AsyncRetrying(
-                **retry.policy(self.config.max_retries + 1, BACKOFF_S, BACKOFF_CAP_S)
-            )(send)
-        except retry.RetryableStatus as exc:
-            error = str(exc)
-        except httpx.HTTPError as exc:
-            error = f"{type(exc).__name__}: {exc}"
-        else:
+        response, error, tries = await retry.send(
+            lambda: self.client.post(self.url, data=form, files={"file": (utterance.filename, utterance.audio)}),
+            self.config.max_retries + 1, BACKOFF_S, BACKOFF_CAP_S, before_each=stop,
+        )  # fmt: skip
+        if response is not None:
             if response.status_code == 200:
                 return _transcript(response)
             error = f"HTTP {response.status_code}: {response.text[:300]}"
-        return "", f"{utterance.key}: gave up after {attempts} attempt(s): {error}"
+        return "", f"{utterance.key}: gave up after {tries} attempt(s): {error}"
 
 
 def _transcript(response: httpx.Response) -> tuple[str, str | None]:

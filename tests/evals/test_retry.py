@@ -1,8 +1,8 @@
 """The one retry rule, against a real HTTP server: what is retried, how long between tries, when it stops.
 
-The WER client and the alert webhooks both run `evals.retry.policy`; the webhook sender is
-exercised whole here, and the policy itself through tenacity with the waits recorded instead
-of slept.
+The WER and drift clients (through `evals.retry.send`) and the alert webhooks run
+`evals.retry.policy`; the webhook sender and the async sender are exercised whole here, and the
+policy itself through tenacity with the waits recorded instead of slept.
 """
 
 from __future__ import annotations
@@ -114,3 +114,33 @@ def test_webhook_delivery_follows_the_rule(script: Script) -> None:
     script.answers, script.seen = [(503, {})], 0
     stopped = webhooks.post(script.url, {"text": "hi"}, attempts=4, backoff_s=30, stop=stop)
     assert (stopped.ok, stopped.attempts) == (False, 1) and "service stopped" in stopped.detail
+
+
+def test_the_suites_async_sender_follows_the_rule(script: Script) -> None:
+    """`retry.send`, which the WER and drift suites' requests go through (no waits: base 0)."""
+    import asyncio
+
+    async def attempt(url: str, before_each: Any = lambda: None) -> tuple[httpx.Response | None, str, int]:
+        async with httpx.AsyncClient() as client:
+            return await retry.send(lambda: client.post(url, json={}), 4, 0.0, 0.0, before_each=before_each)
+
+    script.answers = [(503, {}), (502, {})]
+    response, error, tries = asyncio.run(attempt(script.url))
+    assert response is not None and (response.status_code, error, tries, script.seen) == (200, "", 3, 3)
+
+    script.answers, script.seen = [(404, {})], 0
+    response, error, tries = asyncio.run(attempt(script.url))
+    assert response is not None and (response.status_code, tries) == (404, 1)  # final: the caller reads it
+
+    script.answers, script.seen = [(503, {})] * 5, 0
+    response, error, tries = asyncio.run(attempt(script.url))
+    assert (response, tries, script.seen) == (None, 4, 4) and error.startswith("HTTP 503")
+
+    response, error, tries = asyncio.run(attempt(f"http://127.0.0.1:{free_port()}/x"))
+    assert (response, tries) == (None, 4) and error.startswith("ConnectError")
+
+    def stopped() -> None:
+        raise RuntimeError("stopped")
+
+    with pytest.raises(RuntimeError, match="stopped"):
+        asyncio.run(attempt(script.url, stopped))
