@@ -6,7 +6,7 @@ A split-KV launch has a fixed grid of work items (fixed on the host from the bat
 heads and multiprocessors, so that a CUDA graph can replay it). Every program derives the
 schedule on the device from the sequences' key tiles (from ``seq_lens``, never read on the
 host): the smallest piece length ``L`` (in tiles) for which cutting each sequence into
-``ceil(tiles / L)`` pieces (equal to a tile) needs at most the grid's items, so the longest piece, and
+``ceil(tiles / L)`` pieces (equal to within a tile) needs at most the grid's items, so the longest piece, and
 with it the wave, is as short as the grid allows. Item ``i`` is one piece of one sequence;
 items past the pieces' count exit.
 
@@ -122,9 +122,9 @@ def _merge_kernel(
 
 
 def work_items(target: int, num_seqs: int) -> int:
-    """The grid's work items per head group for a ``target`` and a batch of ``num_seqs``: at
-    least one per sequence, and half the target more where the batch is as large as the
-    target, so that a long sequence in a large batch is still cut into pieces."""
+    """The grid's work items per head group for a ``target`` and a batch of ``num_seqs``: the
+    target, or one per sequence plus half the target once the batch passes half the target,
+    so that a long sequence in a large batch is still cut into pieces."""
     return max(target, num_seqs + target // 2)
 
 

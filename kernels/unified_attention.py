@@ -321,7 +321,7 @@ _PROGRAMS_PER_SM = 8
 _MIN_KEYS_PER_SPLIT = 512
 
 
-def _default_launch(decode_only: bool, num_seqs: int, num_kv_heads: int, max_seqlen_k: int, num_sms: int) -> Launch:
+def _default_launch(decode_only: bool, num_kv_heads: int, max_seqlen_k: int, num_sms: int) -> Launch:
     items = _PROGRAMS_PER_SM * num_sms // num_kv_heads
     split = decode_only and max_seqlen_k >= 2 * _MIN_KEYS_PER_SPLIT
     if not split:
@@ -403,7 +403,7 @@ def unified_attention(
     num_q_blocks = num_tokens // block_q + num_seqs
     decode_only = max_seqlen_q == 1
     config = config or LaunchConfig()
-    default = _default_launch(decode_only, num_seqs, num_kv_heads, max_seqlen_k, sm_count(q.device))
+    default = _default_launch(decode_only, num_kv_heads, max_seqlen_k, sm_count(q.device))
     launch = config.resolve(default)
     split = decode_only and launch.num_splits > 1
     window = window_size[0] + 1 if window_size[0] >= 0 else 0

@@ -9,6 +9,7 @@ scalar and the numbers mean nothing).
     python scripts/kernel_resources.py
 """
 
+import inspect
 import os
 import re
 import subprocess
@@ -21,7 +22,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.decode_attention import _decode_split_kernel
+from kernels.decode_attention import _decode_split_kernel, _pages_a_tile_meets
 
 _POINTERS = {
     "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "table_ptr": "*i32", "seq_lens_ptr": "*i32",
@@ -30,15 +31,26 @@ _POINTERS = {
 _UNALIGNED = ("scale", "logit_cap", "num_seqs", "num_items", "min_tiles")
 
 
-def resources(heads: int, heads_per_program: int, tile: int, num_warps: int, num_stages: int) -> str:
-    """One MLA configuration (576/512 latents, 64-token pages, fixed variant): its numbers."""
-    constexprs = {
+def mla_constexprs(heads: int, heads_per_program: int, tile: int, page: int) -> dict[str, int | bool]:
+    """The kernel's constexprs for MLA (576/512 latents, fixed variant) as decode_attention_fwd
+    sets them; every constexpr the kernel declares must be here (a renamed one fails loudly)."""
+    constexprs: dict[str, int | bool] = {
         "Q_PER_KV": heads, "HEADS_PER_PROGRAM": heads_per_program, "BLOCKS_PER_KV": -(-heads // heads_per_program),
         "BLOCK_H": max(16, triton.next_power_of_2(heads_per_program)), "QK_MAIN": 512, "QK_MAIN_PAD": 512,
-        "QK_ROPE": 64, "QK_ROPE_PAD": 64, "V_DIM": 512, "V_PAD": 512, "PAGE_SIZE": 64, "TILE": tile,
-        "TILE_IN_ONE_PAGE": 64 % tile == 0, "V_IS_K_MAIN": True, "USE_LOGIT_CAP": False, "PAGE_OFFSET_INT64": True,
-        "SEQS_PAD": 256,
+        "QK_ROPE": 64, "QK_ROPE_PAD": 64, "V_DIM": 512, "V_PAD": 512, "PAGE_SIZE": page, "TILE": tile,
+        "PAGES": _pages_a_tile_meets(page, tile), "V_IS_K_MAIN": True, "USE_LOGIT_CAP": False,
+        "PAGE_OFFSET_INT64": True, "SEQS_PAD": 256,
     }  # fmt: skip
+    function = inspect.signature(_decode_split_kernel.fn)  # the Python function (compiled or interpreted)
+    declared = {name for name, param in function.parameters.items() if "constexpr" in str(param.annotation)}
+    if declared != set(constexprs):
+        raise ValueError(f"the kernel's constexprs changed: {sorted(declared ^ set(constexprs))}")
+    return constexprs
+
+
+def resources(heads: int, heads_per_program: int, tile: int, num_warps: int, num_stages: int, page: int) -> str:
+    """One MLA configuration compiled for sm_90: its registers, spills, shared memory, MMA kind."""
+    constexprs = mla_constexprs(heads, heads_per_program, tile, page)
     names = _decode_split_kernel.arg_names
     signature = {
         n: "constexpr" if n in constexprs else _POINTERS.get(n, "fp32" if n in ("scale", "logit_cap") else "i32")
@@ -71,8 +83,11 @@ def resources(heads: int, heads_per_program: int, tile: int, num_warps: int, num
 
 def main() -> None:
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    print("MLA decode on sm_90: heads, heads a program, tile, warps, stages")
-    configs = [(16, 16, 64, 8, 2), (128, 64, 32, 8, 2), (128, 64, 64, 8, 2), (128, 64, 32, 4, 2), (128, 32, 64, 8, 2)]
+    print("MLA decode on sm_90: heads, heads a program, tile, warps, stages, page")
+    configs = [
+        (16, 16, 64, 8, 2, 64), (128, 64, 64, 8, 2, 64), (128, 64, 32, 8, 2, 64), (128, 32, 64, 8, 2, 64),
+        (8, 8, 64, 8, 3, 480), (8, 8, 32, 8, 3, 480),
+    ]  # fmt: skip
     for config in configs:
         print(config, resources(*config), flush=True)
 

@@ -27,11 +27,12 @@ def cli_console() -> Console:
 VERDICT_STYLE = {"pass": "green", "fail": "bold red", "inconclusive": "yellow", "no_baseline": "cyan"}
 
 
-def _number(value: float | None) -> str:
-    """Four decimals, or four significant digits below 1e-3 (a drift KL of 4e-06 nats is not 0.0000)."""
+def format_number(value: float | None) -> str:
+    """Four decimals, or four significant digits below 1e-3 and from 1e6 on (a drift KL of 4e-06
+    nats is not 0.0000; a non-finite drift's severity of 1e30 is not 31 digits)."""
     if value is None:
         return "-"
-    return f"{value:.4g}" if 0 < abs(value) < 1e-3 else f"{value:.4f}"
+    return f"{value:.4g}" if 0 < abs(value) < 1e-3 or abs(value) >= 1e6 else f"{value:.4f}"
 
 
 def print_run(run: RunDetail, console: Console | None = None) -> None:
@@ -43,16 +44,16 @@ def print_run(run: RunDetail, console: Console | None = None) -> None:
     if run.metrics:
         table = Table("arm", "suite", "metric", "value", "95% CI", "n", "baseline", "threshold", "verdict")
         for m in run.metrics:
-            interval = f"{_number(m.ci_low)}..{_number(m.ci_high)}" if m.ci_low is not None else "-"
+            interval = f"{format_number(m.ci_low)}..{format_number(m.ci_high)}" if m.ci_low is not None else "-"
             table.add_row(
                 m.arm,
                 m.suite,
                 m.metric,
-                _number(m.value),
+                format_number(m.value),
                 interval,
                 str(m.n),
-                _number(m.baseline),
-                _number(m.threshold),
+                format_number(m.baseline),
+                format_number(m.threshold),
                 f"[{VERDICT_STYLE.get(m.verdict or '', 'white')}]{m.verdict or '-'}[/]",
             )
         console.print(table)
@@ -70,8 +71,9 @@ def _case(suite: ET.Element, metric: MetricOut) -> None:
         suite, "testcase", classname=f"kvcanary.{metric.suite}", name=f"{metric.metric} [{metric.arm}]"
     )
     message = (
-        f"{metric.suite}.{metric.metric} = {_number(metric.value)} (n={metric.n}, baseline {_number(metric.baseline)}, "
-        f"threshold {_number(metric.threshold)}): {metric.verdict}. {metric.explanation}"
+        f"{metric.suite}.{metric.metric} = {format_number(metric.value)} (n={metric.n}, "
+        f"baseline {format_number(metric.baseline)}, threshold {format_number(metric.threshold)}): "
+        f"{metric.verdict}. {metric.explanation}"
     )
     if metric.verdict == "fail":
         ET.SubElement(case, "failure", message=message, type="regression").text = message

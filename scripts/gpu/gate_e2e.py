@@ -24,6 +24,8 @@ from typing import Any
 
 import httpx
 
+from service.report import format_number
+
 Check = Callable[[dict[str, Any]], list[str]]
 
 
@@ -125,16 +127,13 @@ def _serve(env: dict[str, str], url: str, log: Path) -> subprocess.Popen[bytes]:
     raise SystemExit(f"kvcanary serve did not come up; see {log}")
 
 
-def _number(value: float) -> str:
-    return f"{value:.4g}" if 0 < abs(value) < 1e-3 else f"{value:.4f}"
-
-
 def _arms(run: dict[str, Any]) -> str:
     parts = []
     for arm in run["variants"] or [next(iter(run["engine"]), "-")]:
         judged = _metrics(run, arm)
         if judged:
-            parts.append(f"{arm}: " + ", ".join(f"{m['metric']} {_number(m['value'])} {m['verdict']}" for m in judged))
+            values = (f"{m['metric']} {format_number(m['value'])} {m['verdict']}" for m in judged)
+            parts.append(f"{arm}: " + ", ".join(values))
         elif any(m["arm"] == arm for m in run["metrics"]):
             parts.append(f"{arm}: reference")  # measured, not judged: the first arm of a suite that compares outputs
         else:

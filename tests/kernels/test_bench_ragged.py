@@ -176,3 +176,13 @@ def test_the_sweep_varies_the_work_items_and_many_head_groups() -> None:
     line = format_sweep({"case": "w", "sweep_ms": {"default": 0.5, "heads 32": 0.25}})
     assert line == "  w: default 0.500 ms; heads 32 0.250 ms (0.50x)"
     assert format_sweep({"case": "w"}) == ""
+
+
+def test_the_resource_script_sets_every_constexpr_of_the_decode_kernel() -> None:
+    """scripts/kernel_resources.py compiles the kernel for sm_90 with constexprs of its own: a
+    renamed constexpr must fail here, not in the script (it once did, silently stale)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    from kernel_resources import mla_constexprs
+
+    assert mla_constexprs(128, 64, 64, 64)["PAGES"] == 1
+    assert mla_constexprs(8, 8, 64, 480)["PAGES"] == 2

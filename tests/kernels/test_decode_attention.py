@@ -63,6 +63,9 @@ CASES = [
     Case("mla_page16", [33, 70], 16, 1, 576, 512, 16, is_mla=True),
     Case("mla_page64_tiles_in_one_page", [150, 64], 16, 1, 576, 512, 64, is_mla=True),
     Case("gqa_page32_tiles_in_one_page", [70, 20], 8, 2, 64, 64, 32, config=LaunchConfig(tile=32)),
+    # Tiles shorter than pages they do not divide meet at most two pages: two page ids a tile.
+    Case("gqa_page48_two_pages_a_tile", [100, 47, 49], 8, 2, 64, 64, 48),
+    Case("mla_page480_two_pages_a_tile", [500, 961, 30], 8, 1, 576, 512, 480, is_mla=True),
     Case(
         "mla_empty_splits",
         [20, 3],

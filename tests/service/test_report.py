@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from service.report import cli_console, print_run
+from service.report import cli_console, format_number, print_run
 from service.schemas import RunDetail
 
 METRIC = "exact_match,strict-match-then-flexible-extract-fallback"  # a long name: the row is over 150 wide
@@ -63,3 +63,4 @@ def test_a_tiny_value_keeps_its_significant_digits(
     print_run(run, cli_console())
     [row] = [line for line in capsys.readouterr().out.splitlines() if METRIC in line and "│" in line]
     assert "4.032e-06" in row and "0.0000..6.39e-06" in row, row
+    assert format_number(1e30) == "1e+30" and format_number(0.0) == "0.0000" and format_number(None) == "-"
