@@ -15,6 +15,9 @@ from typing import Any
 import torch
 
 from kernels._launch import LaunchConfig
+from kernels.decode_attention import _MAX_HEADS_PER_PROGRAM as MAX_HEADS_PER_PROGRAM
+from kernels.decode_attention import _default_launch as decode_launch
+from kernels.unified_attention import _default_launch as unified_launch
 
 LOGNORMAL_MEDIAN, LOGNORMAL_P99, LOGNORMAL_CLIP = 2048, 32768, (16, 65536)
 _Z99 = 2.3263478740408408  # the standard normal's 99th percentile
@@ -119,26 +122,27 @@ def ragged_cases(smoke: bool = False) -> list[RaggedCase]:
     return cases
 
 
+def default_items(case: RaggedCase, num_sms: int) -> int:
+    """The work items per head group the kernel's default launch takes for this case."""
+    if case.kind == "gqa":
+        return unified_launch(True, case.kv_heads, max(case.lengths), num_sms).num_splits
+    heads_per_program = min(case.q_heads, MAX_HEADS_PER_PROGRAM)
+    return decode_launch(True, heads_per_program, 1, case.q_heads, num_sms, case.page).num_splits
+
+
 def sweep_configs(case: RaggedCase, num_sms: int) -> dict[str, LaunchConfig]:
     """Launches to time beside the default with ``--sweep``: half and twice the default's
-    work items (``num_splits`` counts items per head group; the kernels' defaults are 8 and 2
-    programs a multiprocessor; an explicit count also lifts the pieces' minimum length), 32-key
-    tiles, no split at all for GQA, 32-head groups for many-head MLA and three pipeline stages
-    for the narrow one. Labels name what changed."""
-    if case.kind == "gqa":
-        per_kv = num_sms // case.kv_heads
-        return {
-            "no split": LaunchConfig(num_splits=1),
-            "items/2": LaunchConfig(num_splits=4 * per_kv),
-            "items*2": LaunchConfig(num_splits=16 * per_kv),
-            "tile 32": LaunchConfig(tile=32),
-        }
-    groups = -(-case.q_heads // min(case.q_heads, 64))
+    work items (``num_splits`` counts items per head group; an explicit count also lifts the
+    pieces' minimum length), 32-key tiles, no split at all for GQA, 32-head groups for
+    many-head MLA and three pipeline stages for the narrow one. Labels name what changed."""
+    items = default_items(case, num_sms)
     configs = {
-        "items/2": LaunchConfig(num_splits=num_sms // groups),
-        "items*2": LaunchConfig(num_splits=4 * num_sms // groups),
+        "items/2": LaunchConfig(num_splits=max(1, items // 2)),
+        "items*2": LaunchConfig(num_splits=2 * items),
     }
-    if case.q_heads >= 64:
+    if case.kind == "gqa":
+        configs["no split"] = LaunchConfig(num_splits=1)
+    elif case.q_heads >= 64:
         configs["heads 32"] = LaunchConfig(heads_per_program=32)
     else:
         configs["stages 3"] = LaunchConfig(num_stages=3)

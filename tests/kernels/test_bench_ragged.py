@@ -163,7 +163,7 @@ def test_stand_ins_import_and_missing_peers_are_explained(tmp_path: Path) -> Non
 
 
 def test_the_sweep_varies_the_work_items_and_many_head_groups() -> None:
-    gqa = RaggedCase("g", "gqa", (100, 200), 32, 8)
+    gqa = RaggedCase("g", "gqa", (100, 2000), 32, 8)  # long enough for split decode
     assert sweep_configs(gqa, 132)["no split"].num_splits == 1
     assert sweep_configs(gqa, 132)["items*2"].num_splits == 4 * sweep_configs(gqa, 132)["items/2"].num_splits
     narrow = RaggedCase("m", "mla", (100,), 16, page=64)
