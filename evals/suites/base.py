@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 if TYPE_CHECKING:  # the kinds compute with numpy; the bare client install has none
     from evals.metric_kinds import MetricKind
@@ -98,11 +98,11 @@ class SuiteConfig(BaseModel):
 
     model_config = {"extra": "forbid"}
 
-    limit: int | None = None
-    concurrency: int = 64
-    max_retries: int = 3
-    request_timeout_s: float = 600.0
-    max_empty_response_rate: float = 0.2
+    limit: int | None = Field(None, ge=1)
+    concurrency: int = Field(64, ge=1)
+    max_retries: int = Field(3, ge=0)
+    request_timeout_s: float = Field(600.0, gt=0)
+    max_empty_response_rate: float = Field(0.2, ge=0, le=1)
 
     def metric_names(self) -> tuple[str, ...]:
         """Metrics this config reports, for suites whose metrics depend on it (see SuiteDefinition)."""

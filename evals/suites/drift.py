@@ -70,13 +70,13 @@ _BLOCK_SIZE = re.compile(r'vllm:cache_config_info\{[^}]*block_size="(\d+)"')
 class DriftConfig(SuiteConfig):
     """`limit` GSM8k prompts (from local JSONL files) plus the edge-length prompts."""
 
-    limit: int | None = 32
+    limit: int | None = Field(32, ge=1)
     questions_file: Path = Path("fixture:gsm8k-test.jsonl")
     fewshot_file: Path = Path("fixture:gsm8k-fewshot.jsonl")
     num_fewshot: int = Field(5, ge=0)
     max_tokens: int = Field(64, ge=1)
     logprobs: int = Field(5, ge=1, le=20)
-    concurrency: int = 8
+    concurrency: int = Field(8, ge=1)
     floor_concurrency: int = Field(2, ge=1)
     floor_seed: int = 0
     block_size: int | None = Field(None, ge=2)

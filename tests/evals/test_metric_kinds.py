@@ -33,3 +33,20 @@ def test_kinds_read_their_own_fields_only() -> None:
     assert WER.scores({"q": item, "u": utterance}, "wer") == {"u": (0, 2)}
     assert (ACCURACY.passed(item, "strict-match"), ACCURACY.passed(utterance, "strict-match")) == (False, None)
     assert (WER.passed(utterance, "wer"), WER.passed(item, "wer")) == (True, None)
+
+
+@pytest.mark.parametrize("name", ["gsm8k", "wer", "drift", "lm-eval"])
+@pytest.mark.parametrize("field", [{"limit": -3}, {"limit": 0}, {"concurrency": 0}, {"max_retries": -1}])
+def test_every_suite_refuses_nonsense_limits(name: str, field: dict[str, int]) -> None:
+    """A negative limit once sliced prompts off the end without a word; zero workers hang."""
+    from pydantic import ValidationError
+
+    model = suites.get(name).config_model
+    required = {
+        "lm-eval": {"tasks": [{"name": "gsm8k", "metrics": ["exact_match,strict-match"]}]},
+        "wer": {"manifest": "clips.jsonl"},
+    }.get(name, {})
+    assert model.model_validate(required).limit != -3  # the rest of the block is valid as it is
+    with pytest.raises(ValidationError) as refused:
+        model.model_validate({**required, **field})
+    assert [error["loc"] for error in refused.value.errors()] == [(next(iter(field)),)]
