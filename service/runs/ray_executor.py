@@ -22,10 +22,11 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, func, select, text
 from sqlalchemy.orm import Session
 
 from evals.fixtures import PREFIX as FIXTURE_PREFIX
@@ -39,8 +40,12 @@ from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
+DISPATCHED_EVENT = "ray_dispatched"
 STARTED_EVENT = "ray_started"
 WAITING_EVENT = "ray_waiting"
+RAY_EVENTS = (DISPATCHED_EVENT, WAITING_EVENT, STARTED_EVENT)
+# Any number, the same in every replica: the PostgreSQL advisory lock that orders claims.
+CLAIM_LOCK_KEY = 0x6B76636E
 # Beyond the engine's own stop grace: time the pipeline gets to end a cancelled run itself.
 CANCEL_GRACE_S = 15.0
 RAY_NAMESPACE = "kvcanary"
@@ -75,6 +80,31 @@ def unplaceable(resources: dict[str, float], nodes: list[dict[str, Any]]) -> str
         f"on {len(alive)} live node(s)); the run waits until such a node joins. Cancel it to give up, "
         "or lower engine.tensor_parallel_size in its profile"
     )
+
+
+def latest_ray_events(session: Session, run_ids: Sequence[int] | Select[int]) -> dict[int, str]:
+    """Each run's newest Ray event kind: a re-queued run's earlier attempts do not count."""
+    ray_events = RunEvent.run_id.in_(run_ids), RunEvent.kind.in_(RAY_EVENTS)
+    newest = select(func.max(RunEvent.id)).where(*ray_events).group_by(RunEvent.run_id)
+    rows = session.execute(select(RunEvent.run_id, RunEvent.kind).where(RunEvent.id.in_(newest)))
+    return {run_id: kind for run_id, kind in rows}
+
+
+def dispatch_pending(session: Session) -> bool:
+    """Whether a run handed to Ray waits for a node that could take it (no replica claims then)."""
+    starting = select(Run.id).where(Run.status == Status.STARTING_ENGINE.value)
+    return DISPATCHED_EVENT in latest_ray_events(session, starting).values()
+
+
+def serialize_claims(session: Session) -> None:
+    """Replicas decide and claim one at a time, until this transaction ends.
+
+    On SQLite, opening the write transaction takes its single write lock; PostgreSQL takes a
+    transaction-scoped advisory lock.
+    """
+    session.connection()  # begins the transaction now, not at the first statement
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": CLAIM_LOCK_KEY})
 
 
 def _locked_run(session: Session, run_id: int) -> Run | None:
@@ -173,7 +203,7 @@ class RayDispatcher:
             for flight in [f for f in self.in_flight.values() if f.ref in done]:
                 self._settle(flight)
         self._follow()
-        if all(f.started for f in self.in_flight.values()) and self._room_for_next():
+        if all(f.started for f in self.in_flight.values()):
             self._claim()
 
     def shutdown(self) -> None:
@@ -184,17 +214,16 @@ class RayDispatcher:
             self._settle(flight, lost_reason="the service replica that dispatched it stopped")
         self._ray.shutdown()
 
-    def _room_for_next(self) -> bool:
-        """Claim when the cluster has room for the oldest queued run now, or never will.
+    def _room_for_oldest(self, session: Session) -> bool:
+        """Whether the cluster has room for the oldest queued run now, or never will.
 
-        Runs then wait in the database queue, in order, not inside Ray: Ray hands a finished
+        Runs wait in the database queue, in order, not inside Ray: Ray hands a finished
         task's worker to the same replica's next waiting task, so a task waiting there can be
         overtaken by every later run of another replica. A run no node could ever take is
         claimed anyway, so that its events can say why it waits.
         """
-        with session_scope(self.url) as session:
-            query = select(Run.profile).where(Run.status == Status.QUEUED.value).order_by(Run.id).limit(1)
-            oldest = session.scalar(query)
+        query = select(Run.profile).where(Run.status == Status.QUEUED.value).order_by(Run.id).limit(1)
+        oldest = session.scalar(query)
         if oldest is None:
             return False
         need = task_resources(self.profiles.get(oldest))
@@ -204,15 +233,26 @@ class RayDispatcher:
         return unplaceable(need, self._ray.nodes()) is not None
 
     def _claim(self) -> None:
+        """Claim the oldest queued run when no handed-over run still waits for its node.
+
+        Ray reports free resources late, so two replicas (or one, twice) could both see room
+        for one run; deciding under one lock, and only once the last run handed over has
+        started, keeps the start order the queue order. A replica killed between its claim and
+        the hand-over holds the others back until the queue's recovery re-queues that run.
+        """
         with session_scope(self.url) as session:
+            serialize_claims(session)
+            if dispatch_pending(session) or not self._room_for_oldest(session):
+                return
             run = queue.claim_next(session, self.worker_id)
             if run is None:
                 return
             run_id, profile = run.id, self.profiles.get(run.profile)
             resources = task_resources(profile)
             waiting = unplaceable(resources, self._ray.nodes())
-            if waiting:
-                session.add(RunEvent(run_id=run_id, kind=WAITING_EVENT, message=waiting))
+            asked = f"handed to Ray, asking for {resources['num_gpus']:g} GPU(s) and {resources['num_cpus']:g} CPU(s)"
+            kind = WAITING_EVENT if waiting else DISPATCHED_EVENT
+            session.add(RunEvent(run_id=run_id, kind=kind, message=waiting or asked))
         given = {run.profile: profile} if profile is not None else {}
         task = self._task.options(name=f"kvcanary-run-{run_id}", max_retries=0, retry_exceptions=False, **resources)
         ref = task.remote(run_id, self.worker_id, self.url, given)
@@ -226,12 +266,10 @@ class RayDispatcher:
             return
         ids = list(self.in_flight)
         with session_scope(self.url) as session:
-            started = set(
-                session.scalars(select(RunEvent.run_id).where(RunEvent.run_id.in_(ids), RunEvent.kind == STARTED_EVENT))
-            )
+            latest = latest_ray_events(session, ids)
             for run in session.scalars(select(Run).where(Run.id.in_(ids))):
                 flight = self.in_flight[run.id]
-                flight.started = flight.started or run.id in started
+                flight.started = flight.started or latest.get(run.id) == STARTED_EVENT
                 status = Status(run.status)
                 if status == Status.QUEUED or (status in ACTIVE and run.worker_id != self.worker_id):
                     # Re-queued by a replica's recovery: this task must not run it as well.

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,14 +24,25 @@ import httpx
 import pytest
 import yaml
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from service.auth import Role, create_token
 from service.db.migrate import upgrade
 from service.db.models import Run, RunEvent, SuiteResult
 from service.db.session import session_scope
 from service.engine.process_group import group_members
+from service.runs import queue
 from service.runs.orphan_guard import POLL_S, OrphanGuard
-from service.runs.ray_executor import STARTED_EVENT, task_resources, unplaceable
+from service.runs.ray_executor import (
+    DISPATCHED_EVENT,
+    STARTED_EVENT,
+    WAITING_EVENT,
+    dispatch_pending,
+    serialize_claims,
+    task_resources,
+    unplaceable,
+)
+from service.runs.state import Status, transition
 from service.settings import PACKAGED_PROFILES
 from tests.conftest import OFFLINE_ENV, MakeProfile
 from tests.service.conftest import LiveService, StartService, _fresh_postgres_database, free_port
@@ -124,6 +136,62 @@ def test_gpus_must_be_on_one_node() -> None:
     why = unplaceable({"num_cpus": 1, "num_gpus": 4}, two_nodes)
     assert why is not None and "4 GPU(s)" in why and "largest: 2 GPU(s) on 2 live node(s)" in why
     assert unplaceable({"num_cpus": 1, "num_gpus": 0}, [{"Alive": True, "Resources": {}}]) is not None
+
+
+# -- claim order across replicas, on the real database -----------------------------------------
+
+
+def _queue_run(session: Session) -> Run:
+    fields: dict[str, Any] = {"labels": {}, "overrides": {}, "variants": []}
+    run, _ = queue.enqueue(session, profile=PROFILE, trigger="api", triggered_by="test", max_attempts=2, **fields)
+    return run
+
+
+def test_a_run_handed_to_ray_holds_every_replica_back_until_a_node_starts_it(database_url: str) -> None:
+    """Only the newest Ray event of the current attempt counts: a re-queued run waits again."""
+    with session_scope(database_url) as session:
+        first, _second = _queue_run(session), _queue_run(session)
+        assert not dispatch_pending(session)
+        claimed = queue.claim_next(session, "replica-a")
+        assert claimed is not None and claimed.id == first.id
+        session.add(RunEvent(run_id=first.id, kind=DISPATCHED_EVENT, message="handed to Ray"))
+        session.flush()
+        assert dispatch_pending(session)
+        session.add(RunEvent(run_id=first.id, kind=STARTED_EVENT, message="Ray task started"))
+        session.flush()
+        assert not dispatch_pending(session)
+        queue.interrupt(session, claimed, "the node died")  # attempt 1 of 2: queued again
+        assert claimed.status == Status.QUEUED.value
+        assert queue.claim_next(session, "replica-b") is not None
+        session.add(RunEvent(run_id=first.id, kind=DISPATCHED_EVENT, message="handed to Ray"))
+        session.flush()
+        assert dispatch_pending(session)  # the first attempt's start does not count
+        # A run no node can take waits in Ray by design and holds back only its own replica.
+        session.add(RunEvent(run_id=first.id, kind=WAITING_EVENT, message="no node has 8 GPU(s)"))
+        session.flush()
+        assert not dispatch_pending(session)
+        transition(session, claimed, Status.CANCELLED, "cancelled")
+        session.add(RunEvent(run_id=first.id, kind=DISPATCHED_EVENT, message="handed to Ray"))
+        session.flush()
+        assert not dispatch_pending(session)  # only a run still starting its engine waits
+
+
+def test_replicas_decide_on_a_claim_one_at_a_time(database_url: str) -> None:
+    """A second replica's claim transaction waits until the first one's has committed."""
+    entered = threading.Event()
+
+    def second_replica() -> None:
+        with session_scope(database_url) as session:
+            serialize_claims(session)
+            entered.set()
+
+    with session_scope(database_url) as session:
+        serialize_claims(session)
+        other = threading.Thread(target=second_replica)
+        other.start()
+        assert not entered.wait(1.0), "the second replica decided while the first held the claim lock"
+    other.join(30)
+    assert entered.is_set()
 
 
 # -- a real Ray cluster -----------------------------------------------------------------------
