@@ -15,8 +15,10 @@ Prompts are GSM8k few-shot prompts plus edge lengths: prompts whose token count 
 decode crosses a block boundary mid-generation (steps at block_size - 1, 0, 1), because
 kernel bugs live on those edges. The block size is the engine's own (its
 `vllm:cache_config_info` metric) unless the config names one; lengths come from the
-server's tokenizer. Samples are emitted once both passes are done (a row needs both), so a
-run interrupted mid-suite runs the drift suite again whole.
+server's tokenizer. A prompt's sample is stored as soon as it is complete (a candidate's after
+its one pass, a reference's after its second), progress counts passes, and an attempt after an
+interruption reuses every stored sample of the same prompt and role (a candidate's only when
+it was compared with the same reference output).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import json
 import math
 import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -254,10 +256,27 @@ async def _prompts(client: _Client, config: DriftConfig) -> list[Prompt]:
     return prompts
 
 
+class _Passes:
+    """Counts finished prompt passes for the run's progress."""
+
+    def __init__(self, context: SuiteContext, total: int, done: int) -> None:
+        self.context, self.total, self.done = context, total, done
+        context.progress(done, total)
+
+    def step(self) -> None:
+        self.done += 1
+        self.context.progress(self.done, self.total)
+
+
 async def _run_arm(
-    client: _Client, prompts: Sequence[Prompt], concurrency: int, forced: Mapping[str, list[int]]
+    client: _Client,
+    prompts: Sequence[Prompt],
+    concurrency: int,
+    forced: Mapping[str, list[int]],
+    finished: Callable[[Prompt, ArmOutput], None],
 ) -> dict[str, ArmOutput]:
-    """Each prompt's greedy output and its teacher-forced scores of `forced[key]` (or its own sequence)."""
+    """Each prompt's greedy output and its teacher-forced scores of `forced[key]` (or its own
+    sequence); `finished` hears of each prompt as it completes."""
     outputs: dict[str, ArmOutput] = {}
     pending = iter(prompts)
 
@@ -267,6 +286,7 @@ async def _run_arm(
             sequence = forced.get(prompt.key) or [*prompt.ids, *tokens]
             prefill_top, prefill_own = await client.score(sequence)
             outputs[prompt.key] = ArmOutput(tokens, logprobs, top, prefill_top, prefill_own)
+            finished(prompt, outputs[prompt.key])
 
     workers = [asyncio.create_task(worker()) for _ in range(min(concurrency, len(prompts)))]
     try:
@@ -276,6 +296,20 @@ async def _run_arm(
             task.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
     return outputs
+
+
+def _prompt_hash(ids: Sequence[int]) -> str:
+    return hashlib.sha256(json.dumps(list(ids)).encode()).hexdigest()
+
+
+def _reusable(earlier: Sample, prompt: Prompt, reference: Mapping[str, Any] | None) -> bool:
+    """An earlier attempt's sample of the same prompt in the same role (and against the same
+    reference output, for a candidate)."""
+    if earlier.prompt_hash != _prompt_hash(prompt.ids) or not earlier.data.get("arm"):
+        return False
+    if reference is None:
+        return earlier.data.get("drift") is None and "reference" not in earlier.data
+    return earlier.data.get("drift") is not None and earlier.data.get("reference") == reference["arm"]
 
 
 def _sample(
@@ -300,7 +334,7 @@ def _sample(
     diverged = drift.first_divergence if drift is not None else None
     return Sample(
         key=prompt.key,
-        prompt_hash=hashlib.sha256(json.dumps(prompt.ids).encode()).hexdigest(),
+        prompt_hash=_prompt_hash(prompt.ids),
         prompt=prompt.text,
         target="",
         response=f"{len(mine.tokens)} tokens" + ("" if diverged is None else f", first divergence at {diverged}"),
@@ -309,42 +343,59 @@ def _sample(
     )
 
 
-async def _run(context: SuiteContext) -> list[Sample]:
+async def _run(context: SuiteContext) -> tuple[list[Sample], int]:
+    """Every prompt's sample, in prompt order, and how many an earlier attempt had stored."""
     config: DriftConfig = context.config
     limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
     async with httpx.AsyncClient(timeout=config.request_timeout_s, limits=limits) as http:
         client = _Client(context, http)
         prompts = await _prompts(client, config)
         references = {key: s.data for key, s in context.reference_samples.items() if s.data.get("arm")}
+        missing = [p.key for p in prompts if p.key not in references]
+        if references and missing:
+            raise ValueError(
+                f"drift: the reference stored no output for {len(missing)} prompts ({', '.join(missing[:5])}); "
+                "run the candidate with the reference's drift config"
+            )
+        done: dict[str, Sample] = {}
+        for prompt in prompts:
+            earlier = context.done_samples.get(prompt.key)
+            if earlier is not None and _reusable(earlier, prompt, references.get(prompt.key)):
+                done[prompt.key] = earlier
+        reused = len(done)
+        todo = [p for p in prompts if p.key not in done]
+        passes = 1 if references else 2
+        progress = _Passes(context, passes * len(prompts), passes * reused)
+
+        def keep(sample: Sample) -> None:
+            context.emit_samples([sample])
+            done[sample.key] = sample
+            progress.step()
+
         if references:
-            missing = [p.key for p in prompts if p.key not in references]
-            if missing:
-                raise ValueError(
-                    f"drift: the reference stored no output for {len(missing)} prompts ({', '.join(missing[:5])}); "
-                    "run the candidate with the reference's drift config"
-                )
+
+            def compared(prompt: Prompt, mine: ArmOutput) -> None:
+                data = references[prompt.key]
+                ref, floor = unpack(data["arm"]), PromptDrift(**data["floor"])
+                keep(_sample(prompt, mine, floor, compare(ref, mine), ref, config))
+
             forced = {key: [*data["prompt_ids"], *data["arm"]["tokens"]] for key, data in references.items()}
-            mine = await _run_arm(client, prompts, config.concurrency, forced)
-            samples = []
-            for prompt in prompts:
-                ref = unpack(references[prompt.key]["arm"])
-                floor = PromptDrift(**references[prompt.key]["floor"])
-                samples.append(_sample(prompt, mine[prompt.key], floor, compare(ref, mine[prompt.key]), ref, config))
-        else:
-            first = await _run_arm(client, prompts, config.concurrency, {})
-            shuffled = list(prompts)
+            await _run_arm(client, todo, config.concurrency, forced, compared)
+        elif todo:
+            first = await _run_arm(client, todo, config.concurrency, {}, lambda _prompt, _out: progress.step())
+            shuffled = list(todo)
             random.Random(config.floor_seed).shuffle(shuffled)
-            forced = {p.key: [*p.ids, *first[p.key].tokens] for p in prompts}
-            again = await _run_arm(client, shuffled, config.floor_concurrency, forced)
-            samples = [
-                _sample(p, first[p.key], compare(first[p.key], again[p.key]), None, None, config) for p in prompts
-            ]
-    context.emit_samples(samples)
-    return samples
+
+            def floored(prompt: Prompt, again: ArmOutput) -> None:
+                keep(_sample(prompt, first[prompt.key], compare(first[prompt.key], again), None, None, config))
+
+            forced = {p.key: [*p.ids, *first[p.key].tokens] for p in todo}
+            await _run_arm(client, shuffled, config.floor_concurrency, forced, floored)
+    return [done[p.key] for p in prompts], reused
 
 
 def run(context: SuiteContext) -> SuiteOutcome:
-    samples = asyncio.run(_run(context))
+    samples, reused = asyncio.run(_run(context))
     scores = DRIFT.scores({s.key: s for s in samples}, METRIC)
     rows = [row["drift"] or row["floor"] for row in scores.values()]
     value = math.fsum(r["mean_kl"] for r in rows) / len(rows) if rows else 0.0
@@ -354,7 +405,7 @@ def run(context: SuiteContext) -> SuiteOutcome:
         metrics=[MetricValue(name=METRIC, value=value, n=len(samples), direction="lower")],
         samples=samples,
         empty_response_rate=empty / len(samples) if samples else 1.0,
-        details={"prompts": len(samples), "role": "candidate" if compared else "reference"},
+        details={"prompts": len(samples), "role": "candidate" if compared else "reference", "reused_samples": reused},
     )
 
 

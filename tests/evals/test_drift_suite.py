@@ -9,15 +9,17 @@ Judged the way scoring judges an A/B run: `judge_ab` with the drift kind's judge
 
 from __future__ import annotations
 
+import threading
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from evals import fixtures
 from evals.suites import drift
-from evals.suites.base import Sample, SuiteContext
+from evals.suites.base import Sample, SuiteAborted, SuiteContext
 from evals.verdict import MetricJudgement, judge_ab
 from service.db.migrate import upgrade
 from service.db.models import Run
@@ -43,16 +45,20 @@ def _config() -> drift.DriftConfig:
     )
 
 
-def _run(engine: Engine, tmp_path: Path, reference: dict[str, Sample] | None = None) -> dict[str, Sample]:
-    context = SuiteContext(
+def _context(engine: Engine, tmp_path: Path, reference: dict[str, Sample] | None = None, **more: Any) -> SuiteContext:
+    return SuiteContext(
         server_url=engine.url,
         served_model_name=engine.profile.served_model_name,
         model_path=engine.profile.model,
         config=_config(),
         work_dir=tmp_path,
         reference_samples=reference or {},
+        **more,
     )
-    return {s.key: s for s in drift.run(context).samples}
+
+
+def _run(engine: Engine, tmp_path: Path, reference: dict[str, Sample] | None = None) -> dict[str, Sample]:
+    return {s.key: s for s in drift.run(_context(engine, tmp_path, reference)).samples}
 
 
 def _judge(control: dict[str, Sample], treatment: dict[str, Sample]) -> MetricJudgement:
@@ -62,9 +68,17 @@ def _judge(control: dict[str, Sample], treatment: dict[str, Sample]) -> MetricJu
     )
 
 
+REFERENCE_PROGRESS: list[tuple[int, int]] = []
+
+
 @pytest.fixture(scope="module")
 def reference(gsm8k_engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Sample]:
-    return _run(gsm8k_engine, tmp_path_factory.mktemp("drift-reference"))
+    context = _context(gsm8k_engine, tmp_path_factory.mktemp("drift-reference"), progress=_record(REFERENCE_PROGRESS))
+    return {s.key: s for s in drift.run(context).samples}
+
+
+def _record(into: list[tuple[int, int]]) -> Callable[[int, int], None]:
+    return lambda done, total: into.append((done, total))
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +115,9 @@ def test_reference_stores_both_passes_and_edge_lengths(reference: dict[str, Samp
     assert len(arm["tokens"]) == len(arm["logprobs"]) == len(arm["top"]) > 0
     assert len(arm["prefill_top"]) == len(sample.data["prompt_ids"]) + len(arm["tokens"]) - 1
     assert sample.data["drift"] is None and sample.data["floor"]["finite"]
+    passes = 2 * len(reference)  # a reference runs every prompt twice: its output, then the A/A floor
+    assert REFERENCE_PROGRESS[0] == (0, passes) and REFERENCE_PROGRESS[-1] == (passes, passes)
+    assert [done for done, _ in REFERENCE_PROGRESS] == list(range(passes + 1))
 
 
 def test_a_a_passes_at_the_floor(gsm8k_engine: Engine, reference: dict[str, Sample], tmp_path: Path) -> None:
@@ -172,3 +189,31 @@ def test_ab_run_through_the_pipeline_judges_drift_and_reports_it(
     write_junit(detail, junit)
     [case] = ET.parse(junit).getroot().findall("testcase")
     assert case.get("name") == "kl [fixed]" and case.get("classname") == "kvcanary.drift"
+
+
+def test_an_interrupted_candidate_keeps_its_samples_and_the_next_attempt_asks_only_for_the_rest(
+    gsm8k_engine: Engine, reference: dict[str, Sample], tmp_path: Path
+) -> None:
+    stored: dict[str, Sample] = {}
+    stop = threading.Event()
+
+    def emit(samples: Sequence[Sample]) -> None:
+        stored.update({s.key: s for s in samples})
+        if len(stored) >= 3:
+            stop.set()  # as a cancel or a dead engine would
+
+    with pytest.raises(SuiteAborted):
+        drift.run(_context(gsm8k_engine, tmp_path, reference, emit_samples=emit, stop_event=stop))
+    assert 3 <= len(stored) < len(reference)
+    kept = dict(stored)
+    # The reference's own samples under the other keys are of the other role: not reusable.
+    earlier = {**reference, **kept}
+    progress: list[tuple[int, int]] = []
+    outcome = drift.run(_context(gsm8k_engine, tmp_path, reference, done_samples=earlier, progress=_record(progress)))
+    samples = {s.key: s for s in outcome.samples}
+    assert outcome.details["reused_samples"] == len(kept)
+    assert all(samples[key] is sample for key, sample in kept.items())  # reused, not asked for again
+    assert progress[0] == (len(kept), len(reference)) and progress[-1] == (len(reference), len(reference))
+    assert len(progress) == 1 + len(reference) - len(kept)
+    assert all(samples[key].data["drift"] is not None for key in reference)
+    assert _judge(reference, samples).verdict == "pass"
