@@ -161,7 +161,15 @@ def _run_suite(
     )
     if done:
         _event(url, run.id, "resume", f"{arm}/{suite}: reusing {len(done)} samples stored by an earlier attempt")
-    return definition.run(context)
+    outcome = definition.run(context)
+    # An earlier attempt's samples of items this one does not have (its profile or the engine's
+    # block size changed in between) must not be scored with this attempt's.
+    stale = set(done) - {s.key for s in outcome.samples}
+    if stale:
+        with session_scope(url) as session:
+            store.drop_samples(session, run.id, arm, suite, stale)
+        _event(url, run.id, "resume", f"{arm}/{suite}: dropped {len(stale)} samples of items this attempt did not have")
+    return outcome
 
 
 def _engine_facts(engine: Engine) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """The Ray executor: every claimed run becomes one Ray task on the node Ray picks.
 
-A service replica with `executor: ray` claims runs from the shared database exactly as the
-local worker does, then hands each to the Ray cluster as a task that asks for the run's
+A service replica with `executor: ray` claims runs from the shared database as the local
+worker does, but one replica at a time and only once the run handed over before has started
+(so runs start in queue order), then hands each to the Ray cluster as a task that asks for the run's
 resources: `num_gpus = tensor_parallel_size`, or one CPU for the project's CPU fixture
 models. The task runs the same `pipeline.execute` as the local worker, so the engine, the
 suites, progress and results reach the shared database as they would on one host.
@@ -96,6 +97,32 @@ def dispatch_pending(session: Session) -> bool:
     return DISPATCHED_EVENT in latest_ray_events(session, starting).values()
 
 
+def placement_change(
+    latest: str | None, resources: dict[str, float], nodes: list[dict[str, Any]]
+) -> tuple[str, str] | None:
+    """The event (kind, message) a not-yet-started run needs when the cluster changed under it;
+    None when nothing changed.
+
+    A handed-over run that no live node can take any more (its node died) waits, and holds
+    back only its own replica; a waiting one that a node can now take is handed over again.
+    """
+    why = unplaceable(resources, nodes)
+    if latest == DISPATCHED_EVENT and why:
+        return WAITING_EVENT, why
+    if latest == WAITING_EVENT and not why:
+        return DISPATCHED_EVENT, f"a node that can take it is up; {_asked(resources)}"
+    return None
+
+
+def _asked(resources: dict[str, float]) -> str:
+    return f"handed to Ray, asking for {resources['num_gpus']:g} GPU(s) and {resources['num_cpus']:g} CPU(s)"
+
+
+def _oldest_queued(session: Session) -> str | None:
+    """The profile of the oldest queued run."""
+    return session.scalar(select(Run.profile).where(Run.status == Status.QUEUED.value).order_by(Run.id).limit(1))
+
+
 def serialize_claims(session: Session) -> None:
     """Replicas decide and claim one at a time, until this transaction ends.
 
@@ -153,6 +180,7 @@ class _InFlight:
     run_id: int
     ref: Any  # ray.ObjectRef of run_on_node
     cancel_grace_s: float
+    resources: dict[str, float]
     started: bool = False
     cancel_seen_at: float | None = None
     killed: bool = False
@@ -214,57 +242,70 @@ class RayDispatcher:
             self._settle(flight, lost_reason="the service replica that dispatched it stopped")
         self._ray.shutdown()
 
-    def _room_for_oldest(self, session: Session) -> bool:
-        """Whether the cluster has room for the oldest queued run now, or never will.
+    def _room_for(self, profile: str, free: dict[str, float], nodes: list[dict[str, Any]]) -> bool:
+        """Whether the cluster has room for a run of `profile` now, or never will.
 
         Runs wait in the database queue, in order, not inside Ray: Ray hands a finished
         task's worker to the same replica's next waiting task, so a task waiting there can be
         overtaken by every later run of another replica. A run no node could ever take is
         claimed anyway, so that its events can say why it waits.
         """
-        query = select(Run.profile).where(Run.status == Status.QUEUED.value).order_by(Run.id).limit(1)
-        oldest = session.scalar(query)
-        if oldest is None:
-            return False
-        need = task_resources(self.profiles.get(oldest))
-        free = self._ray.available_resources()
+        need = task_resources(self.profiles.get(profile))
         if free.get("CPU", 0.0) >= need["num_cpus"] and free.get("GPU", 0.0) >= need["num_gpus"]:
             return True
-        return unplaceable(need, self._ray.nodes()) is not None
+        return unplaceable(need, nodes) is not None
 
     def _claim(self) -> None:
         """Claim the oldest queued run when no handed-over run still waits for its node.
 
         Ray reports free resources late, so two replicas (or one, twice) could both see room
         for one run; deciding under one lock, and only once the last run handed over has
-        started, keeps the start order the queue order. A replica killed between its claim and
-        the hand-over holds the others back until the queue's recovery re-queues that run.
+        started, keeps the start order the queue order. Ray is asked before the lock is taken,
+        so a slow Ray never holds the database. A replica killed between its claim and the
+        hand-over holds the others back until the queue's recovery re-queues that run.
         """
+        with session_scope(self.url, write=False) as session:
+            if _oldest_queued(session) is None or dispatch_pending(session):
+                return
+        free, nodes = self._ray.available_resources(), self._ray.nodes()
         with session_scope(self.url) as session:
             serialize_claims(session)
-            if dispatch_pending(session) or not self._room_for_oldest(session):
+            oldest = _oldest_queued(session)
+            if oldest is None or dispatch_pending(session) or not self._room_for(oldest, free, nodes):
                 return
             run = queue.claim_next(session, self.worker_id)
             if run is None:
                 return
             run_id, profile = run.id, self.profiles.get(run.profile)
             resources = task_resources(profile)
-            waiting = unplaceable(resources, self._ray.nodes())
-            asked = f"handed to Ray, asking for {resources['num_gpus']:g} GPU(s) and {resources['num_cpus']:g} CPU(s)"
+            waiting = unplaceable(resources, nodes)
             kind = WAITING_EVENT if waiting else DISPATCHED_EVENT
-            session.add(RunEvent(run_id=run_id, kind=kind, message=waiting or asked))
+            session.add(RunEvent(run_id=run_id, kind=kind, message=waiting or _asked(resources)))
         given = {run.profile: profile} if profile is not None else {}
         task = self._task.options(name=f"kvcanary-run-{run_id}", max_retries=0, retry_exceptions=False, **resources)
-        ref = task.remote(run_id, self.worker_id, self.url, given)
+        try:
+            ref = task.remote(run_id, self.worker_id, self.url, given)
+        except Exception as exc:  # whatever Ray raises, the claimed run must not be left behind
+            log.exception("handing run %d to Ray failed", run_id)
+            self._hand_back(run_id, f"handing it to Ray failed ({type(exc).__name__}: {exc})")
+            return
         grace = (profile.engine.stop_grace_s if profile else 0.0) + CANCEL_GRACE_S
-        self.in_flight[run_id] = _InFlight(run_id, ref, grace)
+        self.in_flight[run_id] = _InFlight(run_id, ref, grace, resources)
         log.info("run %d handed to Ray as %s with %s", run_id, ref, resources)
+
+    def _hand_back(self, run_id: int, why: str) -> None:
+        """Re-queue a claimed run at once rather than leave it for the stale-heartbeat recovery."""
+        with session_scope(self.url) as session:
+            run = _locked_run(session, run_id)
+            if run is not None and run.worker_id == self.worker_id and Status(run.status) in ACTIVE:
+                queue.interrupt(session, run, why)
 
     def _follow(self) -> None:
         """Heartbeat runs whose task waits for a node; cancel tasks whose run was cancelled."""
         if not self.in_flight:
             return
         ids = list(self.in_flight)
+        nodes = self._ray.nodes() if not all(f.started for f in self.in_flight.values()) else []
         with session_scope(self.url) as session:
             latest = latest_ray_events(session, ids)
             for run in session.scalars(select(Run).where(Run.id.in_(ids))):
@@ -278,6 +319,9 @@ class RayDispatcher:
                     continue
                 if not flight.started:
                     run.heartbeat_at = utcnow()
+                    change = placement_change(latest.get(run.id), flight.resources, nodes)
+                    if change is not None and status == Status.STARTING_ENGINE:
+                        session.add(RunEvent(run_id=run.id, kind=change[0], message=change[1]))
                 if run.cancel_requested:
                     self._cancel(flight)
 

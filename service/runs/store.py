@@ -6,7 +6,7 @@ engine that dies or a service that is killed keeps every finished item for the n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
@@ -82,6 +82,13 @@ def to_suite_sample(row: SampleRow) -> SuiteSample:
         error=row.error,
         data=dict(row.data or {}),
     )
+
+
+def drop_samples(session: Session, run_id: int, arm: str, suite: str, keys: Collection[str]) -> None:
+    """Delete the named samples of one run's arm and suite."""
+    if keys:
+        where = SampleRow.run_id == run_id, SampleRow.arm == arm, SampleRow.suite == suite, SampleRow.key.in_(keys)
+        session.execute(delete(SampleRow).where(*where))
 
 
 def load_samples(session: Session, run_id: int, arm: str, suite: str) -> dict[str, SuiteSample]:

@@ -6,9 +6,10 @@ import multiprocessing
 
 import pytest
 
+from evals.suites.base import Sample
 from service.db.models import Run, RunEvent
 from service.db.session import session_scope
-from service.runs import queue
+from service.runs import queue, store
 from service.runs.state import ALLOWED, InvalidTransition, Status, transition
 
 
@@ -104,3 +105,20 @@ def test_recover_leaves_live_workers_alone(db: str) -> None:
         assert queue.recover(session, host=socket.gethostname(), stale_after_s=3600) == []
         run = session.get(Run, run_id)
         assert run is not None and run.status == Status.STARTING_ENGINE.value
+
+
+def test_drop_samples_deletes_only_the_named_items_of_one_arm_and_suite(db: str) -> None:
+    """What a resumed attempt drops: an earlier attempt's items it no longer has."""
+    [run_id] = _enqueue(db)
+    rows = [
+        Sample(key=f"q{i}", prompt_hash=f"h{i}", target="1", response="1", correct={"strict-match": True})
+        for i in range(4)
+    ]
+    with session_scope(db) as session:
+        for arm in ("stock", "fixed"):
+            store.save_samples(session, run_id, arm, "gsm8k", "strict-match", rows)
+        store.drop_samples(session, run_id, "fixed", "gsm8k", {"q1", "q3"})
+        store.drop_samples(session, run_id, "fixed", "gsm8k", set())
+    with session_scope(db) as session:
+        assert sorted(store.load_samples(session, run_id, "fixed", "gsm8k")) == ["q0", "q2"]
+        assert sorted(store.load_samples(session, run_id, "stock", "gsm8k")) == ["q0", "q1", "q2", "q3"]

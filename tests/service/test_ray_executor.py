@@ -38,6 +38,7 @@ from service.runs.ray_executor import (
     STARTED_EVENT,
     WAITING_EVENT,
     dispatch_pending,
+    placement_change,
     serialize_claims,
     task_resources,
     unplaceable,
@@ -174,6 +175,20 @@ def test_a_run_handed_to_ray_holds_every_replica_back_until_a_node_starts_it(dat
         session.add(RunEvent(run_id=first.id, kind=DISPATCHED_EVENT, message="handed to Ray"))
         session.flush()
         assert not dispatch_pending(session)  # only a run still starting its engine waits
+
+
+def test_a_handed_over_run_whose_node_died_waits_and_is_handed_over_again_when_one_joins() -> None:
+    """Else it would hold every replica back (see dispatch_pending) for as long as no node fits."""
+    eight = {"num_cpus": 1.0, "num_gpus": 8.0}
+    big = [{"Alive": True, "Resources": {"CPU": 32.0, "GPU": 8.0}}]
+    small = [{"Alive": True, "Resources": {"CPU": 32.0, "GPU": 2.0}}, {"Alive": False, "Resources": {"GPU": 8.0}}]
+    assert placement_change(DISPATCHED_EVENT, eight, big) is None
+    kind, message = placement_change(DISPATCHED_EVENT, eight, small) or ("", "")
+    assert kind == WAITING_EVENT and "8 GPU(s)" in message
+    assert placement_change(WAITING_EVENT, eight, small) is None
+    kind, message = placement_change(WAITING_EVENT, eight, big) or ("", "")
+    assert kind == DISPATCHED_EVENT and "asking for 8 GPU(s)" in message
+    assert placement_change(STARTED_EVENT, eight, small) is None
 
 
 def test_replicas_decide_on_a_claim_one_at_a_time(database_url: str) -> None:
