@@ -296,9 +296,16 @@ class RayDispatcher:
     def _hand_back(self, run_id: int, why: str) -> None:
         """Re-queue a claimed run at once rather than leave it for the stale-heartbeat recovery."""
         with session_scope(self.url) as session:
-            run = _locked_run(session, run_id)
-            if run is not None and run.worker_id == self.worker_id and Status(run.status) in ACTIVE:
+            run = self._owned_active(session, run_id)
+            if run is not None:
                 queue.interrupt(session, run, why)
+
+    def _owned_active(self, session: Session, run_id: int) -> Run | None:
+        """The run, locked, while this replica still owns it and it has not ended."""
+        run = _locked_run(session, run_id)
+        if run is None or run.worker_id != self.worker_id or Status(run.status) not in ACTIVE:
+            return None
+        return run
 
     def _follow(self) -> None:
         """Heartbeat runs whose task waits for a node; cancel tasks whose run was cancelled."""
@@ -354,8 +361,8 @@ class RayDispatcher:
             except self._ray.exceptions.RayError as exc:
                 reason = f"{type(exc).__name__}: {exc}"
         with session_scope(self.url) as session:
-            run = _locked_run(session, flight.run_id)
-            if run is None or run.worker_id != self.worker_id or Status(run.status) not in ACTIVE:
+            run = self._owned_active(session, flight.run_id)
+            if run is None:
                 return  # the pipeline recorded the end itself, or another replica took the run over
             if reason is not None:
                 queue.interrupt(session, run, f"Ray lost the run's task ({reason})")

@@ -35,11 +35,7 @@ def save_samples(
     keys = [s.key for s in samples]
     if not keys:
         return
-    session.execute(
-        delete(SampleRow).where(
-            SampleRow.run_id == run_id, SampleRow.arm == arm, SampleRow.suite == suite, SampleRow.key.in_(keys)
-        )
-    )
+    drop_samples(session, run_id, arm, suite, keys)
     session.add_all(
         SampleRow(
             run_id=run_id,
