@@ -19,8 +19,9 @@ that tests catch the wrap.
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels._launch import Launch, LaunchConfig, check_variant, sm_count
+from kernels._launch import Launch, LaunchConfig, check_variant, has_tma, sm_count
 from kernels._split_kv import balanced_piece, merge_splits, split_scratch, work_items
 from kernels._vllm_args import check_decode_args, check_unit_scale, page_geometry
 
@@ -66,6 +67,8 @@ def _decode_tiles(
     end,
     k_ptr,
     v_ptr,
+    k_rows_desc,
+    rope_rows_desc,
     table_row_ptr,
     kv_head,
     stride_k_page,
@@ -89,6 +92,7 @@ def _decode_tiles(
     USE_LOGIT_CAP: tl.constexpr,
     PAGE_OFFSET_INT64: tl.constexpr,
     MASKED: tl.constexpr,
+    ROW_TMA: tl.constexpr,
 ):
     """Online-softmax accumulation over ``num_tiles`` tiles of TILE keys from ``start``.
 
@@ -97,6 +101,13 @@ def _decode_tiles(
     and one int64 product per tile instead of one per key; when a tile meets at most two
     pages (PAGES == 2: tiles no longer than pages they do not divide), two. The second page
     id is read at the tile's last key inside the sequence, never past it.
+
+    With ROW_TMA (MLA on pages the tiles divide, ``fixed``), an unmasked tile is a block of
+    rows of the cache viewed as ``[pages * PAGE_SIZE, Lk]``, copied by the tensor memory
+    accelerator: no per-element addresses in registers. The row index is the page id times
+    PAGE_SIZE in int32, which the host allows only when every row index fits; the hardware
+    forms the byte offset in 64 bits. The masked tile keeps masked pointer loads, so nothing
+    at or past ``end`` is read.
     """
     offs_n = tl.arange(0, TILE)
     d_main = tl.arange(0, QK_MAIN_PAD)
@@ -118,21 +129,28 @@ def _decode_tiles(
         else:
             page = tl.load(table_row_ptr + pos // PAGE_SIZE)
         k_rows = (pos % PAGE_SIZE) * stride_k_pos + kv_head * stride_k_head
-        k_ptrs = _tile_ptrs(k_ptr, page, page_b, in_b, stride_k_page, k_rows, d_main, PAGE_OFFSET_INT64, PAGES)
-        if MASKED or QK_MAIN != QK_MAIN_PAD:
-            k_main = tl.load(k_ptrs, mask=in_seq[:, None] & (d_main < QK_MAIN)[None, :], other=0.0)
+        if ROW_TMA and not MASKED:
+            row = page * PAGE_SIZE + (start + t * TILE) % PAGE_SIZE
+            k_main = k_rows_desc.load([row, 0])
         else:
-            k_main = tl.load(k_ptrs)
+            k_ptrs = _tile_ptrs(k_ptr, page, page_b, in_b, stride_k_page, k_rows, d_main, PAGE_OFFSET_INT64, PAGES)
+            if MASKED or QK_MAIN != QK_MAIN_PAD:
+                k_main = tl.load(k_ptrs, mask=in_seq[:, None] & (d_main < QK_MAIN)[None, :], other=0.0)
+            else:
+                k_main = tl.load(k_ptrs)
         s = tl.dot(q_main, tl.trans(k_main))
         if QK_ROPE > 0:
             d_rope = tl.arange(0, QK_ROPE_PAD)
-            rope_ptrs = _tile_ptrs(
-                k_ptr, page, page_b, in_b, stride_k_page, k_rows, QK_MAIN + d_rope, PAGE_OFFSET_INT64, PAGES
-            )
-            if MASKED or QK_ROPE != QK_ROPE_PAD:
-                k_rope = tl.load(rope_ptrs, mask=in_seq[:, None] & (d_rope < QK_ROPE)[None, :], other=0.0)
+            if ROW_TMA and not MASKED:
+                k_rope = rope_rows_desc.load([row, QK_MAIN])
             else:
-                k_rope = tl.load(rope_ptrs)
+                rope_ptrs = _tile_ptrs(
+                    k_ptr, page, page_b, in_b, stride_k_page, k_rows, QK_MAIN + d_rope, PAGE_OFFSET_INT64, PAGES
+                )
+                if MASKED or QK_ROPE != QK_ROPE_PAD:
+                    k_rope = tl.load(rope_ptrs, mask=in_seq[:, None] & (d_rope < QK_ROPE)[None, :], other=0.0)
+                else:
+                    k_rope = tl.load(rope_ptrs)
             s += tl.dot(q_rope, tl.trans(k_rope))
         s = s * scale
         if USE_LOGIT_CAP:
@@ -169,6 +187,8 @@ def _decode_split_kernel(
     seq_lens_ptr,
     partials_ptr,
     sched_ptr,
+    k_rows_desc,
+    rope_rows_desc,
     scale,
     logit_cap,
     num_seqs,
@@ -202,6 +222,7 @@ def _decode_split_kernel(
     USE_LOGIT_CAP: tl.constexpr,
     PAGE_OFFSET_INT64: tl.constexpr,
     SEQS_PAD: tl.constexpr,
+    ROW_TMA: tl.constexpr,
 ):
     # One program: HEADS_PER_PROGRAM query heads of one KV head over one work item (a piece
     # of one sequence's keys). The head groups of an item are neighbours in launch order,
@@ -248,11 +269,11 @@ def _decode_split_kernel(
             num_tiles = (tile_start < end).to(tl.int32)
         acc, m_i, l_i = _decode_tiles(
             acc, m_i, l_i, q_main, q_rope, tile_start, num_tiles, end,
-            k_ptr, v_ptr, table_row_ptr, kv_head,
+            k_ptr, v_ptr, k_rows_desc, rope_rows_desc, table_row_ptr, kv_head,
             stride_k_page, stride_k_pos, stride_k_head, stride_v_page, stride_v_pos, stride_v_head,
             scale, logit_cap,
             QK_MAIN, QK_MAIN_PAD, QK_ROPE, QK_ROPE_PAD, V_DIM, V_PAD, PAGE_SIZE, TILE, PAGES,
-            V_IS_K_MAIN, USE_LOGIT_CAP, PAGE_OFFSET_INT64, part == 1,
+            V_IS_K_MAIN, USE_LOGIT_CAP, PAGE_OFFSET_INT64, part == 1, ROW_TMA,
         )  # fmt: skip
 
     d_v = tl.arange(0, V_PAD)
@@ -268,17 +289,23 @@ def _decode_split_kernel(
 # the [64, 512] fp32 accumulator then takes 128 registers a thread at 8 warps. 64-key tiles
 # spill a little (sm_90: 120 B, 216 KB of shared memory; scripts/kernel_resources.py) and
 # were still 1.4x faster than 32-key tiles on an H200 (128 heads, 32 sequences of 1k-8k).
-# Work items: 2 programs per multiprocessor. A program of up to 32 heads (16-head MLA: 64
-# keys of 576 a tile, 8 warps, 116 registers, 92 KB) keeps 2 resident, so that is one
-# wave: memory-bound, where every extra piece costs a partial written and read back (33 KB
-# for 16 heads). A 64-head program keeps 1 resident, so that is two waves: compute-bound,
-# where the second wave evens out what the pieces' rounding leaves (a batch larger than the
-# target gets half the target more: kernels._split_kv.work_items). The schedule cuts the
-# batch's keys into at most that many near-equal pieces whatever the length mix; pieces of
-# at least 256 keys keep the partials' traffic small for short batches (an explicit
-# num_splits drops that floor). Tiles that divide the page size let a tile's page id be
-# one scalar. On 480-token pages 64-key tiles meet at most two pages: two scalar page ids a
-# tile (with a page id per key, fixed was 1.37x slower than legacy there on the H200).
+# A 64-head program copies whole tiles with the tensor memory accelerator where tiles divide
+# the page (0.91x the time of pointer loads on that H200 row: no per-element addresses in
+# its registers). Narrower programs keep pointer loads (TMA was 0.97-1.02x there) and take
+# 4 warps: 16-head MLA (64 keys of 576 a tile, 193 registers, 92 KB) was 0.90-0.93x the
+# time of 8 warps on the H200 sweep (ragged and uniform, pages of 64 and 480), with the
+# same shared memory and so the same 2 programs resident.
+# Work items: 2 programs per multiprocessor. A program of up to 32 heads keeps 2 resident,
+# so that is one wave: memory-bound, where every extra piece costs a partial written and
+# read back (33 KB for 16 heads). A 64-head program keeps 1 resident, so that is two waves:
+# compute-bound, where the second wave evens out what the pieces' rounding leaves (a batch
+# larger than the target gets half the target more: kernels._split_kv.work_items). The
+# schedule cuts the batch's keys into at most that many near-equal pieces whatever the
+# length mix; pieces of at least 256 keys keep the partials' traffic small for short
+# batches (an explicit num_splits drops that floor). Tiles that divide the page size let a
+# tile's page id be one scalar. On 480-token pages 64-key tiles meet at most two pages: two
+# scalar page ids a tile (with a page id per key, fixed was 1.37x slower than legacy there
+# on the H200).
 _MAX_HEADS_PER_PROGRAM = 64
 _MIN_PIECE_KEYS = 256
 _PROGRAMS_PER_SM = 2
@@ -290,7 +317,7 @@ def _default_launch(
     head_blocks = num_kv_heads * triton.cdiv(q_per_kv, heads_per_program)
     wide = heads_per_program > 32
     items = max(1, _PROGRAMS_PER_SM * num_sms // head_blocks)
-    num_warps = 8 if is_mla or wide else 4
+    num_warps = 8 if wide else 4
     if wide:
         tile, num_stages = (64 if page_size % 64 == 0 else 32), 2
     elif page_size % 64 == 0:
@@ -299,7 +326,7 @@ def _default_launch(
         tile, num_stages = 64, 3
     else:
         tile, num_stages = 32, 3 if is_mla else 2
-    return Launch(tile, num_warps, num_stages, num_splits=items, heads_per_program=heads_per_program)
+    return Launch(tile, num_warps, num_stages, items, heads_per_program, row_tma=wide)
 
 
 def _pages_a_tile_meets(page_size: int, tile: int) -> int:
@@ -308,6 +335,33 @@ def _pages_a_tile_meets(page_size: int, tile: int) -> int:
     if page_size % tile == 0:
         return 1
     return 2 if tile <= page_size else 0
+
+
+_MAX_TMA_ROWS = 2**31  # the accelerator's coordinates are int32
+
+
+def _row_descriptors(
+    k_buffer: torch.Tensor, page_size: int, stride_pos: int, stride_page: int, lv: int, tile: int
+) -> tuple[TensorDescriptor, TensorDescriptor] | None:
+    """Descriptors of ``[tile, Lv]`` and ``[tile, Lk - Lv]`` blocks of the single-head MLA
+    cache viewed as ``[pages * page_size, Lk]`` rows, or None where it is not such a view or
+    the accelerator cannot address it (alignment, 2-byte elements, int32 row indices)."""
+    lk = k_buffer.shape[-1]
+    rows = k_buffer.shape[0] * (page_size if k_buffer.dim() == 4 else 1)
+    aligned = k_buffer.data_ptr() % 16 == 0 and (stride_pos * k_buffer.element_size()) % 16 == 0
+    if not (
+        k_buffer.shape[-2] == 1
+        and k_buffer.element_size() == 2
+        and stride_page == page_size * stride_pos
+        and aligned
+        and rows < _MAX_TMA_ROWS
+    ):
+        return None
+    rope = max(lk - lv, 16)  # unused when there is no rope part, but a block needs a shape
+    return (
+        TensorDescriptor(k_buffer, [rows, lk], [stride_pos, 1], [tile, lv]),
+        TensorDescriptor(k_buffer, [rows, lk], [stride_pos, 1], [tile, rope]),
+    )
 
 
 def decode_attention_fwd(
@@ -363,9 +417,24 @@ def decode_attention_fwd(
     # that is not a multiple of the batch, so the partials get their own scratch.
     num_items = work_items(launch.num_splits, batch)
     partials, sched = split_scratch(num_items, batch, num_q_heads, lv, q.device)
+    pages_a_tile_meets = _pages_a_tile_meets(page_size, launch.tile)
+    qk_main_pad = max(16, triton.next_power_of_2(qk_main))
+    qk_rope_pad = max(16, triton.next_power_of_2(qk_rope)) if qk_rope else 0
+    # Whole MLA tiles as TMA copies (fixed only: legacy keeps its int32 pointer arithmetic).
+    descriptors = None
+    if (
+        launch.row_tma
+        and is_mla
+        and variant == "fixed"
+        and pages_a_tile_meets == 1
+        and (qk_main, qk_rope) == (qk_main_pad, qk_rope_pad)
+        and has_tma(q.device)
+    ):
+        descriptors = _row_descriptors(k_buffer, page_size, k_strides[1], k_strides[0], lv, launch.tile)
+    k_rows_desc, rope_rows_desc = descriptors or (k_buffer, k_buffer)
 
     _decode_split_kernel[(num_kv_heads * blocks_per_kv, num_items)](
-        q, k_buffer, v_buffer, req_to_token, b_seq_len, partials, sched,
+        q, k_buffer, v_buffer, req_to_token, b_seq_len, partials, sched, k_rows_desc, rope_rows_desc,
         sm_scale, logit_cap, batch, num_items, 1 if config.num_splits else triton.cdiv(_MIN_PIECE_KEYS, launch.tile),
         q.stride(0), q.stride(1), *k_strides, *v_strides, req_to_token.stride(0),
         partials.stride(0), partials.stride(1),
@@ -374,18 +443,19 @@ def decode_attention_fwd(
         BLOCKS_PER_KV=blocks_per_kv,
         BLOCK_H=max(16, triton.next_power_of_2(heads_per_program)),
         QK_MAIN=qk_main,
-        QK_MAIN_PAD=max(16, triton.next_power_of_2(qk_main)),
+        QK_MAIN_PAD=qk_main_pad,
         QK_ROPE=qk_rope,
-        QK_ROPE_PAD=max(16, triton.next_power_of_2(qk_rope)) if qk_rope else 0,
+        QK_ROPE_PAD=qk_rope_pad,
         V_DIM=lv,
         V_PAD=max(16, triton.next_power_of_2(lv)),
         PAGE_SIZE=page_size,
         TILE=launch.tile,
-        PAGES=_pages_a_tile_meets(page_size, launch.tile),
+        PAGES=pages_a_tile_meets,
         V_IS_K_MAIN=is_mla,
         USE_LOGIT_CAP=logit_cap > 0,
         PAGE_OFFSET_INT64=variant == "fixed",
         SEQS_PAD=triton.next_power_of_2(max(batch, 1)),
+        ROW_TMA=descriptors is not None,
         num_warps=launch.num_warps,
         num_stages=launch.num_stages,
     )  # fmt: skip

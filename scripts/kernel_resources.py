@@ -33,13 +33,15 @@ _UNALIGNED = ("scale", "logit_cap", "num_seqs", "num_items", "min_tiles")
 
 def mla_constexprs(heads: int, heads_per_program: int, tile: int, page: int) -> dict[str, int | bool]:
     """The kernel's constexprs for MLA (576/512 latents, fixed variant) as decode_attention_fwd
-    sets them; every constexpr the kernel declares must be here (a renamed one fails loudly)."""
+    sets them by default (TMA copies for 64-head groups on pages the tiles divide); every
+    constexpr the kernel declares must be here (a renamed one fails loudly)."""
     constexprs: dict[str, int | bool] = {
         "Q_PER_KV": heads, "HEADS_PER_PROGRAM": heads_per_program, "BLOCKS_PER_KV": -(-heads // heads_per_program),
         "BLOCK_H": max(16, triton.next_power_of_2(heads_per_program)), "QK_MAIN": 512, "QK_MAIN_PAD": 512,
         "QK_ROPE": 64, "QK_ROPE_PAD": 64, "V_DIM": 512, "V_PAD": 512, "PAGE_SIZE": page, "TILE": tile,
         "PAGES": _pages_a_tile_meets(page, tile), "V_IS_K_MAIN": True, "USE_LOGIT_CAP": False,
         "PAGE_OFFSET_INT64": True, "SEQS_PAD": 256,
+        "ROW_TMA": heads_per_program > 32 and _pages_a_tile_meets(page, tile) == 1,
     }  # fmt: skip
     function = inspect.signature(_decode_split_kernel.fn)  # the Python function (compiled or interpreted)
     declared = {name for name, param in function.parameters.items() if "constexpr" in str(param.annotation)}
@@ -52,8 +54,13 @@ def resources(heads: int, heads_per_program: int, tile: int, num_warps: int, num
     """One MLA configuration compiled for sm_90: its registers, spills, shared memory, MMA kind."""
     constexprs = mla_constexprs(heads, heads_per_program, tile, page)
     names = _decode_split_kernel.arg_names
+    # Whole tiles come as TMA copies where the tiles divide the page (decode_attention_fwd).
+    descriptors = {"k_rows_desc": f"tensordesc<bf16[{tile},512]>", "rope_rows_desc": f"tensordesc<bf16[{tile},64]>"}
+    if not constexprs["ROW_TMA"]:
+        descriptors = {name: "*bf16" for name in descriptors}
+    types = {**_POINTERS, **descriptors}
     signature = {
-        n: "constexpr" if n in constexprs else _POINTERS.get(n, "fp32" if n in ("scale", "logit_cap") else "i32")
+        n: "constexpr" if n in constexprs else types.get(n, "fp32" if n in ("scale", "logit_cap") else "i32")
         for n in names
     }
     aligned = {
@@ -78,6 +85,7 @@ def resources(heads: int, heads_per_program: int, tile: int, num_warps: int, num
     return (
         f"registers {registers.group(1) if registers else '?'}, spill stack {stack.group(1) if stack else '?'} B, "
         f"shared {kernel.metadata.shared // 1024} KB, {'wgmma' if 'wgmma' in ptx else 'mma.sync'}"
+        + (", TMA copies" if constexprs["ROW_TMA"] else "")
     )
 
 
@@ -85,8 +93,8 @@ def main() -> None:
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     print("MLA decode on sm_90: heads, heads a program, tile, warps, stages, page")
     configs = [
-        (16, 16, 64, 8, 2, 64), (128, 64, 64, 8, 2, 64), (128, 64, 32, 8, 2, 64), (128, 32, 64, 8, 2, 64),
-        (8, 8, 64, 8, 3, 480), (8, 8, 32, 8, 3, 480),
+        (16, 16, 64, 4, 2, 64), (128, 64, 64, 8, 2, 64), (128, 64, 32, 8, 2, 64), (128, 32, 64, 4, 2, 64),
+        (8, 8, 64, 4, 3, 480), (8, 8, 32, 4, 3, 480),
     ]  # fmt: skip
     for config in configs:
         print(config, resources(*config), flush=True)

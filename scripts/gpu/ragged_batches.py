@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from kernels._launch import LaunchConfig
+from kernels._launch import Launch, LaunchConfig
 from kernels.decode_attention import _MAX_HEADS_PER_PROGRAM as MAX_HEADS_PER_PROGRAM
 from kernels.decode_attention import _default_launch as decode_launch
 from kernels.unified_attention import _default_launch as unified_launch
@@ -122,31 +122,43 @@ def ragged_cases(smoke: bool = False) -> list[RaggedCase]:
     return cases
 
 
-def default_items(case: RaggedCase, num_sms: int) -> int:
-    """The work items per head group the kernel's default launch takes for this case."""
+def default_launch(case: RaggedCase, num_sms: int) -> Launch:
+    """The kernel's default launch for this case."""
     if case.kind == "gqa":
-        return unified_launch(True, case.kv_heads, max(case.lengths), num_sms).num_splits
+        return unified_launch(True, case.kv_heads, max(case.lengths), num_sms)
     heads_per_program = min(case.q_heads, MAX_HEADS_PER_PROGRAM)
-    return decode_launch(True, heads_per_program, 1, case.q_heads, num_sms, case.page).num_splits
+    return decode_launch(True, heads_per_program, 1, case.q_heads, num_sms, case.page)
 
 
 def sweep_configs(case: RaggedCase, num_sms: int) -> dict[str, LaunchConfig]:
-    """Launches to time beside the default with ``--sweep``: half and twice the default's
-    work items (``num_splits`` counts items per head group; an explicit count also lifts the
-    pieces' minimum length), 32-key tiles, no split at all for GQA, 32-head groups for
-    many-head MLA and three pipeline stages for the narrow one. Labels name what changed."""
-    items = default_items(case, num_sms)
+    """Launches to time beside the default with ``--sweep``: half, one and a half and twice
+    the default's work items (``num_splits`` counts items per head group; an explicit count
+    also lifts the pieces' minimum length), the other tile, warp count and pipeline depth
+    (each alone, and tile with depth), no split at all for GQA, 32-head groups for many-head
+    MLA, and on MLA pages the tiles divide the other way of loading them (TMA copies or
+    pointer loads). Labels name what changed."""
+    default = default_launch(case, num_sms)
+    items = default.num_splits
+    many_head = case.kind == "mla" and case.q_heads >= 64
     configs = {
         "items/2": LaunchConfig(num_splits=max(1, items // 2)),
+        "items*1.5": LaunchConfig(num_splits=items * 3 // 2),
         "items*2": LaunchConfig(num_splits=2 * items),
     }
     if case.kind == "gqa":
         configs["no split"] = LaunchConfig(num_splits=1)
-    elif case.q_heads >= 64:
+    elif many_head:
         configs["heads 32"] = LaunchConfig(heads_per_program=32)
-    else:
-        configs["stages 3"] = LaunchConfig(num_stages=3)
-    configs["tile 32"] = LaunchConfig(tile=32)
+    other_tile = 32 if default.tile == 64 else 64
+    configs[f"tile {other_tile}"] = LaunchConfig(tile=other_tile)
+    # 8 warps are the fewest that hold a 64-head group's accumulator without spilling.
+    other_warps = 16 if many_head else (8 if default.num_warps == 4 else 4)
+    configs[f"warps {other_warps}"] = LaunchConfig(num_warps=other_warps)
+    other_stages = 3 if default.num_stages == 2 else 2
+    configs[f"stages {other_stages}"] = LaunchConfig(num_stages=other_stages)
+    configs[f"tile {other_tile} stages {other_stages}"] = LaunchConfig(tile=other_tile, num_stages=other_stages)
+    if case.kind == "mla" and case.page % default.tile == 0:
+        configs["pointer loads" if default.row_tma else "tma"] = LaunchConfig(row_tma=not default.row_tma)
     return configs
 
 

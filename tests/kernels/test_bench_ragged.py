@@ -166,12 +166,19 @@ def test_the_sweep_varies_the_work_items_and_many_head_groups() -> None:
     gqa = RaggedCase("g", "gqa", (100, 2000), 32, 8)  # long enough for split decode
     assert sweep_configs(gqa, 132)["no split"].num_splits == 1
     assert sweep_configs(gqa, 132)["items*2"].num_splits == 4 * sweep_configs(gqa, 132)["items/2"].num_splits
-    narrow = RaggedCase("m", "mla", (100,), 16, page=64)
-    assert set(sweep_configs(narrow, 132)) == {"items/2", "items*2", "stages 3", "tile 32"}
     assert sweep_configs(gqa, 132)["tile 32"].tile == 32
-    assert sweep_configs(RaggedCase("k", "mla", (100,), 8, page=480), 132)["tile 32"].tile == 32
+    assert sweep_configs(gqa, 132)["stages 3"].num_stages == 3  # split GQA decode runs 2 stages
+    narrow = RaggedCase("m", "mla", (100,), 16, page=64)
+    assert set(sweep_configs(narrow, 132)) == {
+        "items/2", "items*1.5", "items*2", "tile 32", "warps 8", "stages 3", "tile 32 stages 3", "tma",
+    }  # fmt: skip
+    assert sweep_configs(narrow, 132)["tma"].row_tma is True
+    page480 = sweep_configs(RaggedCase("k", "mla", (100,), 8, page=480), 132)
+    assert page480["tile 32"].tile == 32 and page480["stages 2"].num_stages == 2
+    assert "tma" not in page480  # 64-key tiles do not divide 480-token pages
     wide = sweep_configs(RaggedCase("w", "mla", (100,), 128, page=64), 132)
     assert wide["heads 32"].heads_per_program == 32 and wide["tile 32"].tile == 32
+    assert wide["warps 16"].num_warps == 16 and wide["pointer loads"].row_tma is False
     assert wide["items/2"].num_splits == 66  # 132 multiprocessors over two 64-head groups
     line = format_sweep({"case": "w", "sweep_ms": {"default": 0.5, "heads 32": 0.25}})
     assert line == "  w: default 0.500 ms; heads 32 0.250 ms (0.50x)"
@@ -186,3 +193,5 @@ def test_the_resource_script_sets_every_constexpr_of_the_decode_kernel() -> None
 
     assert mla_constexprs(128, 64, 64, 64)["PAGES"] == 1
     assert mla_constexprs(8, 8, 64, 480)["PAGES"] == 2
+    # As decode_attention_fwd's default: TMA copies for 64-head groups on pages tiles divide.
+    assert mla_constexprs(128, 64, 64, 64)["ROW_TMA"] and not mla_constexprs(16, 16, 64, 64)["ROW_TMA"]

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kernels import decode_attention
 from kernels._launch import LaunchConfig
 from kernels.decode_attention import decode_attention_fwd
 from kernels.reference import decode_attention_reference, relative_error
@@ -97,6 +98,20 @@ SCHEDULED_CASES = [
     Case("mla_128_heads", [40, 0, 70], 128, 1, 576, 512, 16, is_mla=True),
     Case("mla_128_heads_by_32", [33], 128, 1, 576, 512, 16, is_mla=True, config=LaunchConfig(heads_per_program=32)),
     Case("gqa_uneven_head_groups", [50, 20], 12, 2, 64, 64, 16, config=LaunchConfig(heads_per_program=4)),
+    # Whole tiles as TMA copies (64-head groups on pages the tiles divide, or asked for): the
+    # last, partial tile of each sequence still comes through masked pointer loads.
+    Case("mla_128_heads_page64_tma", [130, 0, 64, 65, 1], 128, 1, 576, 512, 64, is_mla=True),
+    Case(
+        "mla_16_heads_page64_tma",
+        [0, 1, 63, 64, 65, 129, 700],
+        16,
+        1,
+        576,
+        512,
+        64,
+        is_mla=True,
+        config=LaunchConfig(row_tma=True),
+    ),
 ]
 
 
@@ -207,6 +222,51 @@ def test_page_offsets_past_int32(huge_buffer: Callable[[int, torch.dtype], torch
     err_legacy, _ = run(KIMI_SMALL, k, k[..., :512], table, torch.float16, gen, "legacy")
     assert err_fixed < 1e-2
     assert not err_legacy < 0.1  # NaN (non-finite) counts as wrong too
+
+
+def test_tma_rows_past_int32_elements(
+    huge_buffer: Callable[[int, torch.dtype], torch.Tensor], gen: torch.Generator
+) -> None:
+    """A 64-head group on 64-token pages copies whole tiles by row index (page id x 64, int32)
+    and lets the accelerator form the byte offset: page ids past 2^31 / 36,864 elements (a
+    64-token page of 576-wide latents), where int32 element offsets wrap, read right; the
+    legacy twin's int32 pointers on the same pages do not (the buffer starts 2^31 elements
+    before the cache, so that its wrapped reads land in it)."""
+    case = Case("tma_past_int32", [130, 70], 64, 1, 576, 512, 64, is_mla=True)
+    stride = 64 * 576
+    first_wrapping = 2**31 // stride + 1
+    pages = [[3, first_wrapping, first_wrapping + 7], [first_wrapping - 1, first_wrapping + 2]]
+    num_pages = max(map(max, pages)) + 1
+    offset = 2**31
+    buffer = huge_buffer(offset + num_pages * stride, torch.float16)
+    k = buffer[offset:].view(num_pages, 64, 1, 576)
+    for ids in pages:
+        for page in ids:
+            k[page] = randn(gen, 64, 1, 576, dtype=torch.float16)
+    fill_unwritten([k], pages, case.seq_lens)
+    assert decode_attention._row_descriptors(k, 64, 576, stride, 512, 64) is not None
+    err_o, err_lse = run(case, k, k[..., :512], block_table(pages), torch.float16, gen, "fixed")
+    err_legacy, _ = run(case, k, k[..., :512], block_table(pages), torch.float16, gen, "legacy")
+    assert err_o < 1e-2
+    assert err_lse < 1e-3
+    assert not err_legacy < 0.1  # NaN (non-finite) counts as wrong too
+
+
+def test_tma_only_where_the_accelerator_can_address_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Descriptors for a single-head, 2-byte, 16-byte-aligned cache of rows; None (pointer
+    loads) for several KV heads, 4-byte elements, a misaligned view, pages that are not
+    whole rows apart, or more rows than int32 coordinates reach."""
+    cache = torch.zeros(6, 64, 1, 576, dtype=torch.float16, device=DEVICE)
+    rows = decode_attention._row_descriptors
+    assert rows(cache, 64, 576, 64 * 576, 512, 64) is not None
+    assert rows(cache.flatten(0, 1), 64, 576, 64 * 576, 512, 64) is not None  # pages packed as tokens
+    assert rows(torch.zeros(6, 64, 2, 576, dtype=torch.float16, device=DEVICE), 64, 1152, 64 * 1152, 512, 64) is None
+    assert rows(cache.float(), 64, 576, 64 * 576, 512, 64) is None
+    shifted = cache.flatten()[4:][: 5 * 64 * 576].view(5, 64, 1, 576)  # 8 bytes off
+    assert rows(shifted, 64, 576, 64 * 576, 512, 64) is None
+    assert rows(cache, 64, 576, 64 * 576 + 576, 512, 64) is None
+    monkeypatch.setattr(decode_attention, "_MAX_TMA_ROWS", 6 * 64)
+    assert rows(cache, 64, 576, 64 * 576, 512, 64) is None
 
 
 def test_refuses_what_it_does_not_implement() -> None:
