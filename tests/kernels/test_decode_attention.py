@@ -293,6 +293,8 @@ KIMI_REAL = Case(
 )
 GQA_REAL = Case("gqa_real", [8192 - 7 * i for i in range(16)], 32, 8, 128, 128, 16, num_kv_splits=16)
 MLA_REAL = Case("mla_page64_8k", [8192 - 5 * i for i in range(32)], 16, 1, 576, 512, 64, is_mla=True, num_kv_splits=16)
+# 128 heads: two 64-head groups; fixed copies whole tiles with TMA, legacy loads pointers.
+MLA_REAL_WIDE = Case("mla_128_heads_page64_4k", [4096 - 5 * i for i in range(16)], 128, 1, 576, 512, 64, is_mla=True)
 
 
 def kimi_real_pages(gen: torch.Generator) -> list[list[int]]:
@@ -344,7 +346,7 @@ def test_real_size_kimi_legacy_faults() -> None:
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("variant", ["fixed", "legacy"])
-@pytest.mark.parametrize("case", [GQA_REAL, MLA_REAL], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [GQA_REAL, MLA_REAL, MLA_REAL_WIDE], ids=lambda c: c.name)
 def test_real_sizes_match_reference(case: Case, variant: str, gen: torch.Generator) -> None:
     pages, num_pages = shuffled_pages(gen, case.seq_lens, case.page_size)
     k, v = make_cache(case, torch.bfloat16, gen, pages, num_pages)
@@ -355,11 +357,14 @@ def test_real_sizes_match_reference(case: Case, variant: str, gen: torch.Generat
 
 @pytest.mark.gpu
 @needs_gpu
-def test_cuda_graph_replay_follows_new_seq_lens(gen: torch.Generator) -> None:
+@pytest.mark.parametrize("num_heads", [16, 128], ids=["16_heads", "128_heads_tma"])
+def test_cuda_graph_replay_follows_new_seq_lens(num_heads: int, gen: torch.Generator) -> None:
     """Captured once (the grid fixed by the batch size), replayed with other length mixes in
-    the same tensors: every replay schedules its pieces from the new seq_lens."""
+    the same tensors: every replay schedules its pieces from the new seq_lens. 128 heads run
+    as 64-head groups whose whole tiles are TMA copies (the descriptors are captured by value
+    and name the same cache on every replay)."""
     longest, batch = 8192, 16
-    case = Case("mla_graph", [longest] * batch, 16, 1, 576, 512, 64, is_mla=True)
+    case = Case("mla_graph", [longest] * batch, num_heads, 1, 576, 512, 64, is_mla=True)
     pages, num_pages = shuffled_pages(gen, case.seq_lens, case.page_size)
     k, v = make_cache(case, torch.bfloat16, gen, pages, num_pages)
     table = block_table(pages)
