@@ -25,10 +25,13 @@ def _cuda_capability(index: int) -> tuple[int, int]:
 
 
 def has_tma(device: torch.device) -> bool:
-    """Whether kernels on ``device`` can use the tensor memory accelerator: Hopper or newer,
-    or Triton's interpreter (CPU tensors), which emulates it, so CPU tests cover that path."""
+    """Whether kernels on ``device`` can use the tensor memory accelerator: NVIDIA Hopper or
+    newer (ROCm reports its GPUs as ``cuda`` devices too, with capabilities of its own), or
+    Triton's interpreter (CPU tensors), which emulates it, so CPU tests cover that path."""
     if device.type != "cuda":
         return True
+    if torch.version.hip is not None:
+        return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _cuda_capability(index)[0] >= 9
 

@@ -109,6 +109,7 @@ def _decode_tiles(
     forms the byte offset in 64 bits. The masked tile keeps masked pointer loads, so nothing
     at or past ``end`` is read.
     """
+    tl.static_assert(not ROW_TMA or PAGES == 1, "TMA copies take tiles that lie in one page")
     offs_n = tl.arange(0, TILE)
     d_main = tl.arange(0, QK_MAIN_PAD)
     d_v = tl.arange(0, V_PAD)
@@ -287,11 +288,12 @@ def _decode_split_kernel(
 # Head groups: up to 64 query heads of one KV head per program, so that many-head MLA runs
 # its dots on M=64 tiles (Hopper's wgmma size) and reads the latent keys once per 64 heads;
 # the [64, 512] fp32 accumulator then takes 128 registers a thread at 8 warps. 64-key tiles
-# spill a little (sm_90: 120 B, 216 KB of shared memory; scripts/kernel_resources.py) and
+# fill the registers (sm_90 with Triton 3.9: 255 and a 184 B spill stack, 217 KB of shared
+# memory, scripts/kernel_resources.py; on the H200 with Triton 3.6, 235 and no spills) and
 # were still 1.4x faster than 32-key tiles on an H200 (128 heads, 32 sequences of 1k-8k).
 # A 64-head program copies whole tiles with the tensor memory accelerator where tiles divide
 # the page (0.91x the time of pointer loads on that H200 row: no per-element addresses in
-# its registers). Narrower programs keep pointer loads (TMA was 0.97-1.02x there) and take
+# its registers). Narrower programs keep pointer loads (TMA was 0.96-1.02x there) and take
 # 4 warps: 16-head MLA (64 keys of 576 a tile, 193 registers, 92 KB) was 0.90-0.93x the
 # time of 8 warps on the H200 sweep (ragged and uniform, pages of 64 and 480), with the
 # same shared memory and so the same 2 programs resident.
@@ -350,11 +352,11 @@ def _row_descriptors(
     rows = k_buffer.shape[0] * (page_size if k_buffer.dim() == 4 else 1)
     aligned = k_buffer.data_ptr() % 16 == 0 and (stride_pos * k_buffer.element_size()) % 16 == 0
     if not (
-        k_buffer.shape[-2] == 1
+        0 < rows < _MAX_TMA_ROWS
+        and k_buffer.shape[-2] == 1
         and k_buffer.element_size() == 2
         and stride_page == page_size * stride_pos
         and aligned
-        and rows < _MAX_TMA_ROWS
     ):
         return None
     rope = max(lk - lv, 16)  # unused when there is no rope part, but a block needs a shape
@@ -421,12 +423,14 @@ def decode_attention_fwd(
     qk_main_pad = max(16, triton.next_power_of_2(qk_main))
     qk_rope_pad = max(16, triton.next_power_of_2(qk_rope)) if qk_rope else 0
     # Whole MLA tiles as TMA copies (fixed only: legacy keeps its int32 pointer arithmetic).
+    # The row index is formed from the table's int32 page ids.
     descriptors = None
     if (
         launch.row_tma
         and is_mla
         and variant == "fixed"
         and pages_a_tile_meets == 1
+        and req_to_token.dtype == torch.int32
         and (qk_main, qk_rope) == (qk_main_pad, qk_rope_pad)
         and has_tma(q.device)
     ):

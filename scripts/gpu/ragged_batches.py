@@ -151,7 +151,7 @@ def sweep_configs(case: RaggedCase, num_sms: int) -> dict[str, LaunchConfig]:
         configs["heads 32"] = LaunchConfig(heads_per_program=32)
     other_tile = 32 if default.tile == 64 else 64
     configs[f"tile {other_tile}"] = LaunchConfig(tile=other_tile)
-    # 8 warps are the fewest that hold a 64-head group's accumulator without spilling.
+    # 8 warps are the fewest that hold a 64-head group's accumulator (4 spill 1.9 KB).
     other_warps = 16 if many_head else (8 if default.num_warps == 4 else 4)
     configs[f"warps {other_warps}"] = LaunchConfig(num_warps=other_warps)
     other_stages = 3 if default.num_stages == 2 else 2

@@ -101,6 +101,9 @@ SCHEDULED_CASES = [
     # Whole tiles as TMA copies (64-head groups on pages the tiles divide, or asked for): the
     # last, partial tile of each sequence still comes through masked pointer loads.
     Case("mla_128_heads_page64_tma", [130, 0, 64, 65, 1], 128, 1, 576, 512, 64, is_mla=True),
+    # Two tiles a page: the copy's row is the page's first row plus the tile's offset in it.
+    Case("mla_64_heads_page128_tma", [130, 200, 64, 1], 64, 1, 576, 512, 128, is_mla=True),
+    Case("mla_64_heads_page128_tma_packed", [130, 200, 64, 1], 64, 1, 576, 512, 128, is_mla=True, packed=True),
     Case(
         "mla_16_heads_page64_tma",
         [0, 1, 63, 64, 65, 129, 700],
@@ -123,7 +126,8 @@ def make_cache(
     v = k[..., : case.lv] if case.is_mla else randn(gen, *k.shape[:-1], case.lv, dtype=dtype)
     fill_unwritten([k] if case.is_mla else [k, v], pages, case.seq_lens)
     if case.packed:
-        return k.flatten(0, 1), v.flatten(0, 1)
+        packed = k.flatten(0, 1)
+        return packed, packed[..., : case.lv] if case.is_mla else v.flatten(0, 1)
     return k, v
 
 
@@ -252,6 +256,35 @@ def test_tma_rows_past_int32_elements(
     assert not err_legacy < 0.1  # NaN (non-finite) counts as wrong too
 
 
+def test_tma_copies_run_where_the_launch_allows_them(monkeypatch: pytest.MonkeyPatch, gen: torch.Generator) -> None:
+    """Pointer loads give the same numbers, so a launch that silently fell back would pass
+    every other test: TMA copies run for a 64-head group of ``fixed`` on pages the tiles
+    divide with vLLM's int32 table, and not for ``legacy``, an int64 table or (by default)
+    16-head groups, which all still match the reference."""
+    made: list[bool] = []
+    real = decode_attention._row_descriptors
+
+    def spy(*args: object) -> object:
+        descriptors = real(*args)  # type: ignore[arg-type]
+        made.append(descriptors is not None)
+        return descriptors
+
+    monkeypatch.setattr(decode_attention, "_row_descriptors", spy)
+    for heads, variant, table_dtype, expected in [
+        (64, "fixed", torch.int32, [True]),
+        (64, "legacy", torch.int32, []),
+        (64, "fixed", torch.int64, []),
+        (16, "fixed", torch.int32, []),
+    ]:
+        case = Case("tma_or_not", [130, 70], heads, 1, 576, 512, 64, is_mla=True)
+        pages, num_pages = shuffled_pages(gen, case.seq_lens, case.page_size)
+        k, v = make_cache(case, torch.float16, gen, pages, num_pages)
+        made.clear()
+        err_o, _ = run(case, k, v, block_table(pages).to(table_dtype), torch.float16, gen, variant)
+        assert made == expected, (heads, variant, table_dtype)
+        assert err_o < 1e-2
+
+
 def test_tma_only_where_the_accelerator_can_address_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """Descriptors for a single-head, 2-byte, 16-byte-aligned cache of rows; None (pointer
     loads) for several KV heads, 4-byte elements, a misaligned view, pages that are not
@@ -265,6 +298,7 @@ def test_tma_only_where_the_accelerator_can_address_the_cache(monkeypatch: pytes
     shifted = cache.flatten()[4:][: 5 * 64 * 576].view(5, 64, 1, 576)  # 8 bytes off
     assert rows(shifted, 64, 576, 64 * 576, 512, 64) is None
     assert rows(cache, 64, 576, 64 * 576 + 576, 512, 64) is None
+    assert rows(cache[:0], 64, 576, 64 * 576, 512, 64) is None  # an empty cache
     monkeypatch.setattr(decode_attention, "_MAX_TMA_ROWS", 6 * 64)
     assert rows(cache, 64, 576, 64 * 576, 512, 64) is None
 
