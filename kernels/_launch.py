@@ -19,6 +19,10 @@ def _cuda_sm_count(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
+def _cuda_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 @functools.cache
 def _cuda_capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
@@ -32,8 +36,7 @@ def has_tma(device: torch.device) -> bool:
         return True
     if torch.version.hip is not None:
         return False
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _cuda_capability(index)[0] >= 9
+    return _cuda_capability(_cuda_index(device))[0] >= 9
 
 
 def sm_count(device: torch.device) -> int:
@@ -42,7 +45,7 @@ def sm_count(device: torch.device) -> int:
     reach an H200-sized grid through ``LaunchConfig.num_splits``."""
     if device.type != "cuda":
         return 8
-    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return _cuda_sm_count(_cuda_index(device))
 
 
 class Launch(NamedTuple):

@@ -195,16 +195,17 @@ def test_ragged_and_many_head_batches(case: Case, gen: torch.Generator) -> None:
     assert err_lse < 1e-3
 
 
-def kimi_cache(
+def sparse_mla_cache(
     case: Case, dtype: torch.dtype, gen: torch.Generator, pages: list[list[int]], buffer: torch.Tensor, offset: int
 ) -> torch.Tensor:
-    """Kimi-geometry k buffer viewed at element ``offset`` of ``buffer``; only the pages in
-    ``pages`` are written."""
+    """The case's single-head MLA cache viewed at element ``offset`` of ``buffer`` (pages of
+    ``page_size`` rows of ``lk``); only the pages in ``pages`` are written."""
     num_pages = max(max(ids) for ids in pages) + 1
-    k = buffer[offset : offset + num_pages * KIMI_PAGE_STRIDE].view(num_pages, KIMI_PAGE_SIZE, 1, 576)
+    shape = (case.page_size, 1, case.lk)
+    k = buffer[offset : offset + num_pages * case.page_size * case.lk].view(num_pages, *shape)
     for ids in pages:
         for page in ids:
-            k[page] = randn(gen, KIMI_PAGE_SIZE, 1, 576, dtype=dtype)
+            k[page] = randn(gen, *shape, dtype=dtype)
     fill_unwritten([k], pages, case.seq_lens)
     return k
 
@@ -220,7 +221,8 @@ def test_page_offsets_past_int32(huge_buffer: Callable[[int, torch.dtype], torch
     it (on a GPU they would fault and take the process down)."""
     offset = 2**31
     num_elements = offset + (max(map(max, KIMI_SMALL_PAGES)) + 1) * KIMI_PAGE_STRIDE
-    k = kimi_cache(KIMI_SMALL, torch.float16, gen, KIMI_SMALL_PAGES, huge_buffer(num_elements, torch.float16), offset)
+    buffer = huge_buffer(num_elements, torch.float16)
+    k = sparse_mla_cache(KIMI_SMALL, torch.float16, gen, KIMI_SMALL_PAGES, buffer, offset)
     table = block_table(KIMI_SMALL_PAGES)
     err_fixed, _ = run(KIMI_SMALL, k, k[..., :512], table, torch.float16, gen, "fixed")
     err_legacy, _ = run(KIMI_SMALL, k, k[..., :512], table, torch.float16, gen, "legacy")
@@ -240,14 +242,9 @@ def test_tma_rows_past_int32_elements(
     stride = 64 * 576
     first_wrapping = 2**31 // stride + 1
     pages = [[3, first_wrapping, first_wrapping + 7], [first_wrapping - 1, first_wrapping + 2]]
-    num_pages = max(map(max, pages)) + 1
     offset = 2**31
-    buffer = huge_buffer(offset + num_pages * stride, torch.float16)
-    k = buffer[offset:].view(num_pages, 64, 1, 576)
-    for ids in pages:
-        for page in ids:
-            k[page] = randn(gen, 64, 1, 576, dtype=torch.float16)
-    fill_unwritten([k], pages, case.seq_lens)
+    buffer = huge_buffer(offset + (max(map(max, pages)) + 1) * stride, torch.float16)
+    k = sparse_mla_cache(case, torch.float16, gen, pages, buffer, offset)
     assert decode_attention._row_descriptors(k, 64, 576, stride, 512, 64) is not None
     err_o, err_lse = run(case, k, k[..., :512], block_table(pages), torch.float16, gen, "fixed")
     err_legacy, _ = run(case, k, k[..., :512], block_table(pages), torch.float16, gen, "legacy")
@@ -346,7 +343,7 @@ def test_real_size_kimi_page_ids(huge_buffer: Callable[[int, torch.dtype], torch
     dtype = torch.bfloat16
     pages = kimi_real_pages(gen)
     num_elements = (max(map(max, pages)) + 1) * KIMI_PAGE_STRIDE
-    k = kimi_cache(KIMI_REAL, dtype, gen, pages, huge_buffer(num_elements, dtype), 0)
+    k = sparse_mla_cache(KIMI_REAL, dtype, gen, pages, huge_buffer(num_elements, dtype), 0)
     err_o, err_lse = run(KIMI_REAL, k, k[..., :512], block_table(pages), dtype, gen, "fixed")
     assert err_o < 1e-2
     assert err_lse < 1e-2
@@ -364,7 +361,7 @@ def test_real_size_kimi_legacy_faults() -> None:
         gen = torch.Generator(device="cuda").manual_seed(7)
         pages = t.kimi_real_pages(gen)
         buffer = torch.empty((max(map(max, pages)) + 1) * t.KIMI_PAGE_STRIDE, dtype=torch.bfloat16, device="cuda")
-        k = t.kimi_cache(t.KIMI_REAL, torch.bfloat16, gen, pages, buffer, 0)
+        k = t.sparse_mla_cache(t.KIMI_REAL, torch.bfloat16, gen, pages, buffer, 0)
         err, _ = t.run(t.KIMI_REAL, k, k[..., :512], t.block_table(pages), torch.bfloat16, gen, "legacy")
         torch.cuda.synchronize()
         print("legacy relative error", err)
