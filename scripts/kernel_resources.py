@@ -1,10 +1,16 @@
-"""Registers, spills and shared memory of the MLA decode kernel compiled for sm_90, no GPU needed.
+"""Registers, spills and shared memory of the decode kernels compiled for sm_90, no GPU needed.
 
 Triton compiles for a named target with its bundled ptxas, so the launch defaults can be
 checked on any host: a program that spills, or needs more shared memory than a
 multiprocessor has (227 KB on Hopper), is slow whatever the schedule. Pointers and strides
 get the 16-divisibility the JIT gives them at a real launch (without it every load is
 scalar and the numbers mean nothing).
+
+Spilled registers live in local memory, cached in L1, which shares its storage with shared
+memory: a program that spills runs at the copy roofline only while L1 holds its spills, so
+more shared memory in such a kernel (less L1 for every program on the multiprocessor) can
+cost far more than its own use suggests. The report therefore counts the local loads and
+stores in the machine code beside the spill stack.
 
     python scripts/kernel_resources.py
 """
@@ -15,6 +21,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -23,18 +30,31 @@ from triton.compiler import ASTSource
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.decode_attention import _decode_split_kernel, _pages_a_tile_meets
+from kernels.unified_attention import _unified_attention_kernel
 
 _POINTERS = {
-    "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "table_ptr": "*i32", "seq_lens_ptr": "*i32",
-    "partials_ptr": "*fp32", "sched_ptr": "*i32",
+    "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "table_ptr": "*i32", "block_table_ptr": "*i32",
+    "seq_lens_ptr": "*i32", "cu_seqlens_q_ptr": "*i32", "out_ptr": "*bf16", "partials_ptr": "*fp32",
+    "sched_ptr": "*i32",
 }  # fmt: skip
-_UNALIGNED = ("scale", "logit_cap", "num_seqs", "num_items", "min_tiles")
+_FLOATS = ("scale", "logit_cap", "softcap")
+_UNALIGNED = (*_FLOATS, "num_seqs", "num_items", "min_tiles")
+_TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+
+
+def _checked(kernel: Any, constexprs: dict[str, int | bool]) -> dict[str, int | bool]:
+    """``constexprs``, if they are every constexpr ``kernel`` declares (a renamed one fails loudly)."""
+    function = inspect.signature(kernel.fn)  # the Python function (compiled or interpreted)
+    declared = {name for name, param in function.parameters.items() if "constexpr" in str(param.annotation)}
+    if declared != set(constexprs):
+        raise ValueError(f"the kernel's constexprs changed: {sorted(declared ^ set(constexprs))}")
+    return constexprs
 
 
 def mla_constexprs(heads: int, heads_per_program: int, tile: int, page: int) -> dict[str, int | bool]:
-    """The kernel's constexprs for MLA (576/512 latents, fixed variant) as decode_attention_fwd
-    sets them by default (TMA copies for 64-head groups on pages the tiles divide); every
-    constexpr the kernel declares must be here (a renamed one fails loudly)."""
+    """The decode kernel's constexprs for MLA (576/512 latents, fixed variant) as
+    decode_attention_fwd sets them by default (TMA copies for 64-head groups on pages the
+    tiles divide)."""
     constexprs: dict[str, int | bool] = {
         "Q_PER_KV": heads, "HEADS_PER_PROGRAM": heads_per_program, "BLOCKS_PER_KV": -(-heads // heads_per_program),
         "BLOCK_H": max(16, triton.next_power_of_2(heads_per_program)), "QK_MAIN": 512, "QK_MAIN_PAD": 512,
@@ -43,61 +63,96 @@ def mla_constexprs(heads: int, heads_per_program: int, tile: int, page: int) -> 
         "PAGE_OFFSET_INT64": True, "SEQS_PAD": 256,
         "ROW_TMA": heads_per_program > 32 and _pages_a_tile_meets(page, tile) == 1,
     }  # fmt: skip
-    function = inspect.signature(_decode_split_kernel.fn)  # the Python function (compiled or interpreted)
-    declared = {name for name, param in function.parameters.items() if "constexpr" in str(param.annotation)}
-    if declared != set(constexprs):
-        raise ValueError(f"the kernel's constexprs changed: {sorted(declared ^ set(constexprs))}")
-    return constexprs
+    return _checked(_decode_split_kernel, constexprs)
 
 
-def resources(heads: int, heads_per_program: int, tile: int, num_warps: int, num_stages: int, page: int) -> str:
-    """One MLA configuration compiled for sm_90: its registers, spills, shared memory, MMA kind."""
-    constexprs = mla_constexprs(heads, heads_per_program, tile, page)
-    names = _decode_split_kernel.arg_names
-    # Whole tiles come as TMA copies where the tiles divide the page (decode_attention_fwd).
-    descriptors = {"k_rows_desc": f"tensordesc<bf16[{tile},512]>", "rope_rows_desc": f"tensordesc<bf16[{tile},64]>"}
-    if not constexprs["ROW_TMA"]:
-        descriptors = {name: "*bf16" for name in descriptors}
-    types = {**_POINTERS, **descriptors}
-    signature = {
-        n: "constexpr" if n in constexprs else types.get(n, "fp32" if n in ("scale", "logit_cap") else "i32")
-        for n in names
-    }
+def gqa_decode_constexprs(
+    q_per_kv: int, head_size: int, block_size: int, tile: int, batch: int
+) -> dict[str, int | bool]:
+    """The unified kernel's constexprs for a split decode batch of ``batch`` sequences (one
+    query a sequence, causal, fixed variant) as unified_attention sets them: the batch
+    sets the schedule's vector width, SEQS_PAD, and with it how the program spills."""
+    block_m = 16 if q_per_kv <= 16 else triton.next_power_of_2(q_per_kv)
+    constexprs: dict[str, int | bool] = {
+        "Q_PER_KV": q_per_kv, "BLOCK_SIZE": block_size, "TILE": tile, "HEAD_SIZE": head_size,
+        "HEAD_PAD": max(16, triton.next_power_of_2(head_size)), "BLOCK_M": block_m, "BLOCK_Q": block_m // q_per_kv,
+        "CAUSAL": True, "WINDOW": 0, "USE_SOFTCAP": False, "SPLIT": True, "READ_PAST_SEQ_LEN": False,
+        "SEQS_PAD": triton.next_power_of_2(batch),
+    }  # fmt: skip
+    return _checked(_unified_attention_kernel, constexprs)
+
+
+def _report(
+    kernel: Any, constexprs: dict[str, int | bool], types: dict[str, str], num_warps: int, num_stages: int
+) -> str:
+    """``kernel`` compiled for sm_90: registers, spill stack, local loads and stores in its
+    machine code, shared memory, and the kind of matrix instruction."""
+    names = kernel.arg_names
+    signature = {n: "constexpr" if n in constexprs else types.get(n, "fp32" if n in _FLOATS else "i32") for n in names}
     aligned = {
         (i,): [["tt.divisibility", 16]]
         for i, n in enumerate(names)
         if signature[n] != "constexpr" and n not in _UNALIGNED
     }
-    source = ASTSource(
-        _decode_split_kernel, signature, constexprs={(names.index(n),): v for n, v in constexprs.items()}, attrs=aligned
-    )
-    kernel = triton.compile(
+    positions = {(names.index(n),): v for n, v in constexprs.items()}
+    source = ASTSource(kernel, signature, constexprs=positions, attrs=aligned)
+    compiled = triton.compile(
         source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages}
     )
-    cubin = Path(os.environ.get("TMPDIR", "/tmp")) / f"kvcanary_decode_{os.getpid()}.cubin"
-    cubin.write_bytes(kernel.asm["cubin"])
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    usage = subprocess.run([str(tool), "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
-    cubin.unlink()
+    cubin = Path(os.environ.get("TMPDIR", "/tmp")) / f"kvcanary_kernel_{os.getpid()}.cubin"
+    cubin.write_bytes(compiled.asm["cubin"])
+    try:
+        usage = subprocess.run(
+            [str(_TOOLS / "cuobjdump"), "-res-usage", str(cubin)], capture_output=True, text=True, check=True
+        ).stdout
+        sass = subprocess.run(
+            [str(_TOOLS / "cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True, check=True
+        ).stdout
+    finally:
+        cubin.unlink()
     registers = re.search(r"REG:(\d+)", usage)
     stack = re.search(r"STACK:(\d+)", usage)
-    ptx = kernel.asm["ptx"]
+    local_loads, local_stores = (len(re.findall(rf"\b{op}\b", sass)) for op in ("LDL", "STL"))
     return (
-        f"registers {registers.group(1) if registers else '?'}, spill stack {stack.group(1) if stack else '?'} B, "
-        f"shared {kernel.metadata.shared // 1024} KB, {'wgmma' if 'wgmma' in ptx else 'mma.sync'}"
-        + (", TMA copies" if constexprs["ROW_TMA"] else "")
+        f"registers {registers.group(1) if registers else '?'}, spill stack {stack.group(1) if stack else '?'} B "
+        f"({local_loads} local loads, {local_stores} stores), "
+        f"shared {compiled.metadata.shared // 1024} KB, {'wgmma' if 'wgmma' in compiled.asm['ptx'] else 'mma.sync'}"
     )
+
+
+def mla_resources(heads: int, heads_per_program: int, tile: int, num_warps: int, num_stages: int, page: int) -> str:
+    """One MLA decode configuration compiled for sm_90."""
+    constexprs = mla_constexprs(heads, heads_per_program, tile, page)
+    # Whole tiles come as TMA copies where the tiles divide the page (decode_attention_fwd).
+    descriptors = {"k_rows_desc": f"tensordesc<bf16[{tile},512]>", "rope_rows_desc": f"tensordesc<bf16[{tile},64]>"}
+    if not constexprs["ROW_TMA"]:
+        descriptors = {name: "*bf16" for name in descriptors}
+    report = _report(_decode_split_kernel, constexprs, {**_POINTERS, **descriptors}, num_warps, num_stages)
+    return report + (", TMA copies" if constexprs["ROW_TMA"] else "")
+
+
+def gqa_decode_resources(
+    q_per_kv: int, head_size: int, block_size: int, tile: int, num_warps: int, stages: int, batch: int
+) -> str:
+    """The unified kernel's split decode compiled for sm_90."""
+    constexprs = gqa_decode_constexprs(q_per_kv, head_size, block_size, tile, batch)
+    return _report(_unified_attention_kernel, constexprs, _POINTERS, num_warps, stages)
 
 
 def main() -> None:
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    print(f"Triton {triton.__version__}")
     print("MLA decode on sm_90: heads, heads a program, tile, warps, stages, page")
     configs = [
         (16, 16, 64, 4, 2, 64), (128, 64, 64, 8, 2, 64), (128, 64, 32, 8, 2, 64), (128, 32, 64, 4, 2, 64),
         (8, 8, 64, 4, 3, 480), (8, 8, 32, 4, 3, 480),
     ]  # fmt: skip
     for config in configs:
-        print(config, resources(*config), flush=True)
+        print(config, mla_resources(*config), flush=True)
+    print("GQA split decode (unified kernel) on sm_90: query heads a KV head, head, block, tile, warps, stages, batch")
+    for batch in (16, 64, 256):
+        gqa = (4, 128, 16, 64, 4, 2, batch)
+        print(gqa, gqa_decode_resources(*gqa), flush=True)
 
 
 if __name__ == "__main__":

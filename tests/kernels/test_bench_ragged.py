@@ -185,11 +185,16 @@ def test_the_sweep_varies_the_work_items_and_many_head_groups() -> None:
     assert format_sweep({"case": "w"}) == ""
 
 
-def test_the_resource_script_sets_every_constexpr_of_the_decode_kernel() -> None:
-    """scripts/kernel_resources.py compiles the kernel for sm_90 with constexprs of its own: a
+def test_the_resource_script_sets_every_constexpr_of_both_kernels() -> None:
+    """scripts/kernel_resources.py compiles the kernels for sm_90 with constexprs of its own: a
     renamed constexpr must fail here, not in the script (it once did, silently stale)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-    from kernel_resources import mla_constexprs
+    from kernel_resources import gqa_decode_constexprs, mla_constexprs
+
+    gqa = gqa_decode_constexprs(4, 128, 16, 64, 16)  # 32 query and 8 KV heads, a batch of 16
+    assert gqa["SPLIT"] and (gqa["BLOCK_M"], gqa["BLOCK_Q"], gqa["SEQS_PAD"]) == (16, 4, 16)
+    assert gqa_decode_constexprs(4, 80, 16, 64, 100)["HEAD_PAD"] == 128
+    assert gqa_decode_constexprs(4, 128, 16, 64, 100)["SEQS_PAD"] == 128
 
     assert mla_constexprs(128, 64, 64, 64)["PAGES"] == 1
     assert mla_constexprs(8, 8, 64, 480)["PAGES"] == 2
