@@ -7,10 +7,9 @@ get the 16-divisibility the JIT gives them at a real launch (without it every lo
 scalar and the numbers mean nothing).
 
 Spilled registers live in local memory, cached in L1, which shares its storage with shared
-memory: a program that spills runs at the copy roofline only while L1 holds its spills, so
-more shared memory in such a kernel (less L1 for every program on the multiprocessor) can
-cost far more than its own use suggests. The report therefore counts the local loads and
-stores in the machine code beside the spill stack.
+memory; the report counts the local loads and stores in the machine code beside the spill
+stack. The same program can spill very differently under two Triton versions, so run it
+with the version the GPU host has.
 
     python scripts/kernel_resources.py
 """
@@ -54,7 +53,7 @@ def _checked(kernel: Any, constexprs: dict[str, int | bool]) -> dict[str, int | 
 def mla_constexprs(heads: int, heads_per_program: int, tile: int, page: int) -> dict[str, int | bool]:
     """The decode kernel's constexprs for MLA (576/512 latents, fixed variant) as
     decode_attention_fwd sets them by default (TMA copies for 64-head groups on pages the
-    tiles divide)."""
+    tiles divide), for a batch of up to 256 sequences."""
     constexprs: dict[str, int | bool] = {
         "Q_PER_KV": heads, "HEADS_PER_PROGRAM": heads_per_program, "BLOCKS_PER_KV": -(-heads // heads_per_program),
         "BLOCK_H": max(16, triton.next_power_of_2(heads_per_program)), "QK_MAIN": 512, "QK_MAIN_PAD": 512,
@@ -134,9 +133,12 @@ def mla_resources(heads: int, heads_per_program: int, tile: int, num_warps: int,
 def gqa_decode_resources(
     q_per_kv: int, head_size: int, block_size: int, tile: int, num_warps: int, stages: int, batch: int
 ) -> str:
-    """The unified kernel's split decode compiled for sm_90."""
+    """The unified kernel's split decode compiled for sm_90. vLLM's caches are contiguous
+    along the head dimension, and Triton's JIT compiles an integer argument equal to 1 as
+    that constant: the dimension strides are 1 here too."""
     constexprs = gqa_decode_constexprs(q_per_kv, head_size, block_size, tile, batch)
-    return _report(_unified_attention_kernel, constexprs, _POINTERS, num_warps, stages)
+    unit_strides = {"stride_k_dim": 1, "stride_v_dim": 1}
+    return _report(_unified_attention_kernel, {**constexprs, **unit_strides}, _POINTERS, num_warps, stages)
 
 
 def main() -> None:

@@ -3,8 +3,8 @@ skipped (a timing only: the output is then wrong), beside the peer vLLM runs by 
 Hopper (FA3 for GQA, FlashMLA for MLA at page 64), in interleaved CUDA-graph rounds.
 
 The merge is a second kernel after the split one (kernels._split_kv.merge_splits). This
-script measures its share of a call, which bounds what any way of merging differently could
-save; docs/kernels.md reads the numbers.
+script measures its share of a call, roughly what merging another way could save (a fused
+merge could also skip some partial writes); docs/kernels.md reads the numbers.
 
     python scripts/gpu/bench_merge_share.py --vllm-ref .vllm_ref [--cases x16,x32]
 """
@@ -62,12 +62,12 @@ def main() -> None:
             timed["peer"] = fns["peer"]
         ms = paired_ms(timed, rounds=5, rep=25)
         peer = ms.get("peer")
-        ratios = f"{ms['ours'] / peer:>10.3f}{ms['no merge'] / peer:>15.3f}" if peer else f"{'—':>10}{'—':>15}"
-        print(
-            f"{case.name:<34}{ms['ours']:>8.4f}{ms['no merge']:>10.4f}{100 * (1 - ms['no merge'] / ms['ours']):>8.1f}%"
-            f"{peer or float('nan'):>9.4f}{ratios}",
-            flush=True,
-        )
+        if peer is None:
+            peer_cells = f"{float('nan'):>9.4f}{'—':>10}{'—':>15}"
+        else:
+            peer_cells = f"{peer:>9.4f}{ms['ours'] / peer:>10.3f}{ms['no merge'] / peer:>15.3f}"
+        share = 100 * (1 - ms["no merge"] / ms["ours"])
+        print(f"{case.name:<34}{ms['ours']:>8.4f}{ms['no merge']:>10.4f}{share:>8.1f}%{peer_cells}", flush=True)
         del fns, timed
         torch.cuda.empty_cache()
 
