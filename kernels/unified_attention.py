@@ -325,6 +325,13 @@ _PROGRAMS_PER_SM = 16
 _MIN_KEYS_PER_SPLIT = 512
 
 
+def query_rows(q_per_kv: int) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_Q): a program's rows, a KV head's query heads for BLOCK_Q tokens; at
+    least 16 rows, the smallest tile ``tl.dot`` takes."""
+    block_m = 16 if q_per_kv <= 16 else triton.next_power_of_2(q_per_kv)
+    return block_m, block_m // q_per_kv
+
+
 def _default_launch(decode_only: bool, num_kv_heads: int, max_seqlen_k: int, num_sms: int) -> Launch:
     items = _PROGRAMS_PER_SM * num_sms // num_kv_heads
     split = decode_only and max_seqlen_k >= 2 * _MIN_KEYS_PER_SPLIT
@@ -402,8 +409,7 @@ def unified_attention(
     num_tokens, num_q_heads, head_size = q.shape
     block_size, num_kv_heads = k.shape[1], k.shape[2]
     q_per_kv = num_q_heads // num_kv_heads
-    block_m = 16 if q_per_kv <= 16 else triton.next_power_of_2(q_per_kv)
-    block_q = block_m // q_per_kv
+    block_m, block_q = query_rows(q_per_kv)
     num_q_blocks = num_tokens // block_q + num_seqs
     decode_only = max_seqlen_q == 1
     config = config or LaunchConfig()

@@ -29,7 +29,7 @@ from triton.compiler import ASTSource
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.decode_attention import _decode_split_kernel, _pages_a_tile_meets
-from kernels.unified_attention import _unified_attention_kernel
+from kernels.unified_attention import _unified_attention_kernel, query_rows
 
 _POINTERS = {
     "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "table_ptr": "*i32", "block_table_ptr": "*i32",
@@ -71,10 +71,10 @@ def gqa_decode_constexprs(
     """The unified kernel's constexprs for a split decode batch of ``batch`` sequences (one
     query a sequence, causal, fixed variant) as unified_attention sets them: the batch
     sets the schedule's vector width, SEQS_PAD, and with it how the program spills."""
-    block_m = 16 if q_per_kv <= 16 else triton.next_power_of_2(q_per_kv)
+    block_m, block_q = query_rows(q_per_kv)
     constexprs: dict[str, int | bool] = {
         "Q_PER_KV": q_per_kv, "BLOCK_SIZE": block_size, "TILE": tile, "HEAD_SIZE": head_size,
-        "HEAD_PAD": max(16, triton.next_power_of_2(head_size)), "BLOCK_M": block_m, "BLOCK_Q": block_m // q_per_kv,
+        "HEAD_PAD": max(16, triton.next_power_of_2(head_size)), "BLOCK_M": block_m, "BLOCK_Q": block_q,
         "CAUSAL": True, "WINDOW": 0, "USE_SOFTCAP": False, "SPLIT": True, "READ_PAST_SEQ_LEN": False,
         "SEQS_PAD": triton.next_power_of_2(batch),
     }  # fmt: skip
@@ -101,12 +101,11 @@ def _report(
     cubin = Path(os.environ.get("TMPDIR", "/tmp")) / f"kvcanary_kernel_{os.getpid()}.cubin"
     cubin.write_bytes(compiled.asm["cubin"])
     try:
-        usage = subprocess.run(
-            [str(_TOOLS / "cuobjdump"), "-res-usage", str(cubin)], capture_output=True, text=True, check=True
-        ).stdout
-        sass = subprocess.run(
-            [str(_TOOLS / "cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True, check=True
-        ).stdout
+        tool = str(_TOOLS / "cuobjdump")
+        usage, sass = (
+            subprocess.run([tool, flag, str(cubin)], capture_output=True, text=True, check=True).stdout
+            for flag in ("-res-usage", "-sass")
+        )
     finally:
         cubin.unlink()
     registers = re.search(r"REG:(\d+)", usage)
