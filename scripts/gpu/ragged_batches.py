@@ -100,10 +100,11 @@ def ragged_cases(smoke: bool = False) -> list[RaggedCase]:
             RaggedCase("mla smoke 8h p480", "mla", range_lengths(3, 5, 16, 1500), 8, page=480),
         ]
     cases = [
-        RaggedCase(f"gqa lognormal x{n} 32q/8kv", "gqa", lognormal_lengths(n, seed=n), 32, 8) for n in (16, 64, 256)
+        RaggedCase(f"gqa lognormal x{n} 32q/8kv", "gqa", lognormal_lengths(n, seed=n), 32, 8) for n in (8, 16, 64, 256)
     ]
     cases += [
         RaggedCase("gqa 64x8k uniform 32q/8kv", "gqa", (8192,) * 64, 32, 8),
+        RaggedCase("gqa 16x1.5k uniform 32q/8kv", "gqa", (1536,) * 16, 32, 8),
         RaggedCase("gqa 48 ragged 1k-16k 64q/8kv", "gqa", range_lengths(48, 48, 1024, 16384), 64, 8),
         RaggedCase("gqa 256 ragged 0.25k-4k 32q/8kv", "gqa", range_lengths(256, 256, 256, 4096), 32, 8),
     ]

@@ -56,10 +56,11 @@ def test_cases_cover_the_issue_rows() -> None:
     gqa48 = cases["gqa 48 ragged 1k-16k 64q/8kv"]
     assert (len(gqa48.lengths), gqa48.q_heads, gqa48.kv_heads, gqa48.peer) == (48, 64, 8, "FA3")
     assert cases["gqa 64x8k uniform 32q/8kv"].lengths == (8192,) * 64
+    assert cases["gqa 16x1.5k uniform 32q/8kv"].lengths == (1536,) * 16  # a small batch of short sequences
     assert cases["mla 32 ragged 1k-8k 128h p64"].report_flops
     assert cases["mla 64 ragged 2k-16k 8h p480"].peer is None
     assert cases["mla 128x4k uniform 16h p64"].peer == "FlashMLA"
-    assert [len(c.lengths) for c in cases.values() if "lognormal" in c.name] == [16, 64, 256, 32, 64, 128]
+    assert [len(c.lengths) for c in cases.values() if "lognormal" in c.name] == [8, 16, 64, 256, 32, 64, 128]
     smoke = ragged_cases(smoke=True)
     assert {c.peer for c in smoke} == {"FA3", "FlashMLA", None}
     assert any(c.report_flops for c in smoke) and sum(sum(c.lengths) for c in smoke) < 20000
