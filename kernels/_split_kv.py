@@ -121,11 +121,22 @@ def _merge_kernel(
         tl.store(lse_ptr + row.to(tl.int64) * stride_lse_tok + head * stride_lse_head, lse)
 
 
+# Both kernels put the work items on the grid's second axis (a head group's items are
+# neighbours in launch order), which CUDA caps at 65,535 programs.
+MAX_WORK_ITEMS = 65535
+
+
 def work_items(target: int, num_seqs: int) -> int:
     """The grid's work items per head group for a ``target`` and a batch of ``num_seqs``: the
     target, or one per sequence plus half the target once the batch passes half the target,
     so that a long sequence in a large batch is still cut into pieces."""
-    return max(target, num_seqs + target // 2)
+    items = max(target, num_seqs + target // 2)
+    if items > MAX_WORK_ITEMS:
+        raise ValueError(
+            f"split-KV decode: {num_seqs} sequences with a target of {target} work items need {items} "
+            f"grid rows, more than the {MAX_WORK_ITEMS} a launch can have"
+        )
+    return items
 
 
 def split_scratch(num_items: int, num_seqs: int, num_heads: int, head_size: int, device: torch.device):

@@ -195,9 +195,11 @@ def _unified_attention_kernel(
     # One program: BLOCK_Q query tokens x Q_PER_KV heads of one KV head (BLOCK_M rows)
     # over their key range or, with SPLIT (decode-only batches: one query per sequence),
     # over one work item: a token-balanced piece of one sequence's key tiles.
-    kv_head = tl.program_id(1)
     if SPLIT:
-        item = tl.program_id(0)
+        # The KV heads of an item are neighbours in launch order, so the items that hold
+        # pieces start first and the grid's spare items (short batches) queue behind them.
+        kv_head = tl.program_id(0)
+        item = tl.program_id(1)
         seqs = tl.arange(0, SEQS_PAD)
         lens = tl.load(seq_lens_ptr + seqs, mask=seqs < num_seqs, other=0)
         lo_tiles, hi_tiles = _decode_tile_range(lens, Q_PER_KV, TILE, BLOCK_M, CAUSAL, WINDOW, READ_PAST_SEQ_LEN)
@@ -208,6 +210,7 @@ def _unified_attention_kernel(
             return
         first_q = 0
     else:
+        kv_head = tl.program_id(1)
         q_block = tl.program_id(0)
         seq = _find_seq(cu_seqlens_q_ptr, q_block, num_seqs, BLOCK_Q)
         first_q = (q_block - (tl.load(cu_seqlens_q_ptr + seq) // BLOCK_Q + seq)) * BLOCK_Q
@@ -423,7 +426,7 @@ def unified_attention(
     num_items = work_items(launch.num_splits, num_seqs) if split else 0
     min_tiles = 1 if config.num_splits else triton.cdiv(_MIN_KEYS_PER_SPLIT, launch.tile)
     partials, sched = split_scratch(num_items, num_seqs, num_q_heads, head_size, q.device) if split else (out, out)
-    _unified_attention_kernel[(num_items if split else num_q_blocks, num_kv_heads)](
+    _unified_attention_kernel[(num_kv_heads, num_items) if split else (num_q_blocks, num_kv_heads)](
         out, partials, sched, q, k, v, block_table, seqused_k, cu_seqlens_q,
         softmax_scale, softcap, num_seqs, num_items, min_tiles,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),

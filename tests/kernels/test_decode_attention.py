@@ -316,6 +316,8 @@ def test_refuses_what_it_does_not_implement() -> None:
         decode_attention_fwd(q, k, v, q.clone(), *tail, logits, 3, 0.1, 16)
     with pytest.raises(ValueError, match="is_mla"):
         decode_attention_fwd(q, k, v, q.clone(), *tail, logits, 2, 0.1, 16, is_mla=True)
+    with pytest.raises(ValueError, match="more than the 65535"):  # the grid's second axis
+        decode_attention_fwd(q, k, v, q.clone(), *tail, logits, 2, 0.1, 16, config=LaunchConfig(num_splits=70000))
 
 
 # GPU host: real sizes.

@@ -170,6 +170,7 @@ def _tensor() -> torch.Tensor:
         ({"causal": lambda: torch.ones(2, dtype=torch.bool)}, NotImplementedError, "per-sequence causal"),
         ({"q_descale": _tensor}, NotImplementedError, "q_descale"),
         ({"variant": lambda: "stock"}, ValueError, "variant"),
+        ({"config": lambda: LaunchConfig(num_splits=70000)}, ValueError, "more than the 65535"),  # grid axis
         ({"k": lambda: torch.zeros(4, 16, 2, 64, dtype=torch.float8_e4m3fn)}, NotImplementedError, "fp8"),
     ],
     ids=lambda x: x if isinstance(x, str) else "",
