@@ -22,6 +22,14 @@ import triton.language as tl
 
 
 @triton.jit
+def piece_floor(work, min_tiles, fill_items):
+    """The pieces' shortest length: ``min_tiles``, lowered to ``ceil(tiles / fill_items)``
+    where the batch's ``tiles`` (the sum of ``work``) are fewer than ``fill_items`` times
+    ``min_tiles``, so that a short batch still makes about ``fill_items`` pieces."""
+    return tl.minimum(min_tiles, tl.maximum(tl.cdiv(tl.sum(work), fill_items), 1))
+
+
+@triton.jit
 def balanced_piece(work, seqs, num_seqs, item, num_items, min_tiles, sched_ptr, write_sched):
     """(sequence, first tile, tiles) of work item ``item``; the sequence is ``>= num_seqs``
     for an item past the pieces. ``work[seqs]`` holds each sequence's tiles (0 past
