@@ -37,7 +37,7 @@ _POINTERS = {
     "sched_ptr": "*i32",
 }  # fmt: skip
 _FLOATS = ("scale", "logit_cap", "softcap")
-_UNALIGNED = (*_FLOATS, "num_seqs", "num_items", "min_tiles")
+_UNALIGNED = (*_FLOATS, "num_seqs", "num_items", "min_tiles", "fill_items")
 _TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
