@@ -81,11 +81,21 @@ def gqa_decode_constexprs(
     return _checked(_unified_attention_kernel, constexprs)
 
 
+def tile_buffers(ttgir: str) -> int:
+    """How many shared-memory buffers the software pipeliner gave the loop's K/V tiles: the
+    leading dimension of its multi-buffered 16-bit tile allocations (``ttg.local_alloc``
+    without an operand), 0 where no tile load was pipelined. One buffer means the next tile's
+    copies are issued only after the current tile's math, so a program overlaps nothing."""
+    counts = re.findall(r"ttg\.local_alloc : \(\) -> !ttg\.memdesc<(\d+)x\d+x\d+x(?:bf16|f16)", ttgir)
+    return max((int(count) for count in counts), default=0)
+
+
 def _report(
     kernel: Any, constexprs: dict[str, int | bool], types: dict[str, str], num_warps: int, num_stages: int
 ) -> str:
     """``kernel`` compiled for sm_90: registers, spill stack, local loads and stores in its
-    machine code, shared memory, and the kind of matrix instruction."""
+    machine code, shared memory, the K/V tiles' pipeline buffers and the kind of matrix
+    instruction."""
     names = kernel.arg_names
     signature = {n: "constexpr" if n in constexprs else types.get(n, "fp32" if n in _FLOATS else "i32") for n in names}
     aligned = {
@@ -114,7 +124,8 @@ def _report(
     return (
         f"registers {registers.group(1) if registers else '?'}, spill stack {stack.group(1) if stack else '?'} B "
         f"({local_loads} local loads, {local_stores} stores), "
-        f"shared {compiled.metadata.shared // 1024} KB, {'wgmma' if 'wgmma' in compiled.asm['ptx'] else 'mma.sync'}"
+        f"shared {compiled.metadata.shared // 1024} KB, K/V buffers {tile_buffers(compiled.asm['ttgir'])}, "
+        f"{'wgmma' if 'wgmma' in compiled.asm['ptx'] else 'mma.sync'}"
     )
 
 
@@ -151,7 +162,7 @@ def main() -> None:
     for config in configs:
         print(config, mla_resources(*config), flush=True)
     print("GQA split decode (unified kernel) on sm_90: query heads a KV head, head, block, tile, warps, stages, batch")
-    for batch in (16, 64, 256):
+    for batch in (8, 16, 32, 64, 256):
         gqa = (4, 128, 16, 64, 4, 2, batch)
         print(gqa, gqa_decode_resources(*gqa), flush=True)
 

@@ -201,3 +201,20 @@ def test_the_resource_script_sets_every_constexpr_of_both_kernels() -> None:
     assert mla_constexprs(8, 8, 64, 480)["PAGES"] == 2
     # As decode_attention_fwd's default: TMA copies for 64-head groups on pages tiles divide.
     assert mla_constexprs(128, 64, 64, 64)["ROW_TMA"] and not mla_constexprs(16, 16, 64, 64)["ROW_TMA"]
+
+
+def test_the_resource_script_counts_the_pipelined_tiles_buffers() -> None:
+    """K/V buffers: the leading dimension of the loop's multi-buffered 16-bit tiles, not the
+    block table's page ids or an operand copied to shared memory (the queries)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    from kernel_resources import tile_buffers
+
+    pipelined = (
+        "%q_1 = ttg.local_alloc %q : (tensor<16x128xbf16, #blocked>) -> !ttg.memdesc<16x128xbf16, #shared, #smem>\n"
+        "%block = ttg.local_alloc : () -> !ttg.memdesc<2x64xi32, #shared1, #smem, mutable>\n"
+        "%k = ttg.local_alloc : () -> !ttg.memdesc<2x64x128xbf16, #shared, #smem, mutable>\n"
+        "%v = ttg.local_alloc : () -> !ttg.memdesc<3x64x128xf16, #shared, #smem, mutable>\n"
+    )
+    assert tile_buffers(pipelined) == 3
+    assert tile_buffers(pipelined.replace("3x64x128xf16", "1x64x128xf16").replace("2x64x128", "1x64x128")) == 1
+    assert tile_buffers("%0 = tt.load %ptrs : tensor<64x128x!tt.ptr<bf16>>") == 0
