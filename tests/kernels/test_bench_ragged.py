@@ -13,7 +13,9 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "gpu"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
+from kernel_resources import gqa_decode_constexprs, mla_constexprs, tile_buffers
 from ragged_batches import (
     MISSING,
     TABLE_SLACK,
@@ -189,9 +191,6 @@ def test_the_sweep_varies_the_work_items_and_many_head_groups() -> None:
 def test_the_resource_script_sets_every_constexpr_of_both_kernels() -> None:
     """scripts/kernel_resources.py compiles the kernels for sm_90 with constexprs of its own: a
     renamed constexpr must fail here, not in the script (it once did, silently stale)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-    from kernel_resources import gqa_decode_constexprs, mla_constexprs
-
     gqa = gqa_decode_constexprs(4, 128, 16, 64, 16)  # 32 query and 8 KV heads, a batch of 16
     assert gqa["SPLIT"] and (gqa["BLOCK_M"], gqa["BLOCK_Q"], gqa["SEQS_PAD"]) == (16, 4, 16)
     assert gqa_decode_constexprs(4, 80, 16, 64, 100)["HEAD_PAD"] == 128
@@ -206,9 +205,6 @@ def test_the_resource_script_sets_every_constexpr_of_both_kernels() -> None:
 def test_the_resource_script_counts_the_pipelined_tiles_buffers() -> None:
     """K/V buffers: the leading dimension of the loop's multi-buffered 16-bit tiles, not the
     block table's page ids or an operand copied to shared memory (the queries)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-    from kernel_resources import tile_buffers
-
     pipelined = (
         "%q_1 = ttg.local_alloc %q : (tensor<16x128xbf16, #blocked>) -> !ttg.memdesc<16x128xbf16, #shared, #smem>\n"
         "%block = ttg.local_alloc : () -> !ttg.memdesc<2x64xi32, #shared1, #smem, mutable>\n"
