@@ -22,7 +22,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels._launch import Launch, LaunchConfig, check_variant, has_tma, sm_count
-from kernels._split_kv import balanced_piece, merge_splits, split_scratch, work_items
+from kernels._split_kv import balanced_piece, merge_splits, schedule_lanes, split_scratch, work_items
 from kernels._vllm_args import check_decode_args, check_unit_scale, page_geometry
 
 
@@ -458,7 +458,7 @@ def decode_attention_fwd(
         V_IS_K_MAIN=is_mla,
         USE_LOGIT_CAP=logit_cap > 0,
         PAGE_OFFSET_INT64=variant == "fixed",
-        SEQS_PAD=triton.next_power_of_2(max(batch, 1)),
+        SEQS_PAD=schedule_lanes(batch, wide=heads_per_program > 32),
         ROW_TMA=descriptors is not None,
         num_warps=launch.num_warps,
         num_stages=launch.num_stages,

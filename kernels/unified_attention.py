@@ -21,7 +21,14 @@ import triton
 import triton.language as tl
 
 from kernels._launch import Launch, LaunchConfig, check_variant, sm_count
-from kernels._split_kv import balanced_piece, merge_splits, piece_floor, split_scratch, work_items
+from kernels._split_kv import (
+    balanced_piece,
+    merge_splits,
+    piece_floor,
+    schedule_lanes,
+    split_scratch,
+    work_items,
+)
 from kernels._vllm_args import check_unified_layout, refuse_unsupported_unified
 
 
@@ -455,7 +462,7 @@ def unified_attention(
         USE_SOFTCAP=softcap > 0,
         SPLIT=split,
         READ_PAST_SEQ_LEN=variant == "legacy",
-        SEQS_PAD=triton.next_power_of_2(max(num_seqs, 1)),
+        SEQS_PAD=schedule_lanes(num_seqs),
         num_warps=launch.num_warps,
         num_stages=launch.num_stages,
     )  # fmt: skip

@@ -28,6 +28,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kernels._split_kv import schedule_lanes
 from kernels.decode_attention import _decode_split_kernel, _pages_a_tile_meets
 from kernels.unified_attention import _unified_attention_kernel, query_rows
 
@@ -50,16 +51,16 @@ def _checked(kernel: Any, constexprs: dict[str, int | bool]) -> dict[str, int | 
     return constexprs
 
 
-def mla_constexprs(heads: int, heads_per_program: int, tile: int, page: int) -> dict[str, int | bool]:
+def mla_constexprs(heads: int, heads_per_program: int, tile: int, page: int, batch: int) -> dict[str, int | bool]:
     """The decode kernel's constexprs for MLA (576/512 latents, fixed variant) as
     decode_attention_fwd sets them by default (TMA copies for 64-head groups on pages the
-    tiles divide), for a batch of up to 256 sequences."""
+    tiles divide) for a batch of ``batch`` sequences."""
     constexprs: dict[str, int | bool] = {
         "Q_PER_KV": heads, "HEADS_PER_PROGRAM": heads_per_program, "BLOCKS_PER_KV": -(-heads // heads_per_program),
         "BLOCK_H": max(16, triton.next_power_of_2(heads_per_program)), "QK_MAIN": 512, "QK_MAIN_PAD": 512,
         "QK_ROPE": 64, "QK_ROPE_PAD": 64, "V_DIM": 512, "V_PAD": 512, "PAGE_SIZE": page, "TILE": tile,
         "PAGES": _pages_a_tile_meets(page, tile), "V_IS_K_MAIN": True, "USE_LOGIT_CAP": False,
-        "PAGE_OFFSET_INT64": True, "SEQS_PAD": 256,
+        "PAGE_OFFSET_INT64": True, "SEQS_PAD": schedule_lanes(batch, wide=heads_per_program > 32),
         "ROW_TMA": heads_per_program > 32 and _pages_a_tile_meets(page, tile) == 1,
     }  # fmt: skip
     return _checked(_decode_split_kernel, constexprs)
@@ -70,13 +71,13 @@ def gqa_decode_constexprs(
 ) -> dict[str, int | bool]:
     """The unified kernel's constexprs for a split decode batch of ``batch`` sequences (one
     query a sequence, causal, fixed variant) as unified_attention sets them: the batch
-    sets the schedule's vector width, SEQS_PAD, and with it how the program spills."""
+    sets the schedule's vector width, SEQS_PAD, and with it the program's registers."""
     block_m, block_q = query_rows(q_per_kv)
     constexprs: dict[str, int | bool] = {
         "Q_PER_KV": q_per_kv, "BLOCK_SIZE": block_size, "TILE": tile, "HEAD_SIZE": head_size,
         "HEAD_PAD": max(16, triton.next_power_of_2(head_size)), "BLOCK_M": block_m, "BLOCK_Q": block_q,
         "CAUSAL": True, "WINDOW": 0, "USE_SOFTCAP": False, "SPLIT": True, "READ_PAST_SEQ_LEN": False,
-        "SEQS_PAD": triton.next_power_of_2(batch),
+        "SEQS_PAD": schedule_lanes(batch),
     }  # fmt: skip
     return _checked(_unified_attention_kernel, constexprs)
 
@@ -129,9 +130,11 @@ def _report(
     )
 
 
-def mla_resources(heads: int, heads_per_program: int, tile: int, num_warps: int, num_stages: int, page: int) -> str:
+def mla_resources(
+    heads: int, heads_per_program: int, tile: int, num_warps: int, num_stages: int, page: int, batch: int
+) -> str:
     """One MLA decode configuration compiled for sm_90."""
-    constexprs = mla_constexprs(heads, heads_per_program, tile, page)
+    constexprs = mla_constexprs(heads, heads_per_program, tile, page, batch)
     # Whole tiles come as TMA copies where the tiles divide the page (decode_attention_fwd).
     descriptors = {"k_rows_desc": f"tensordesc<bf16[{tile},512]>", "rope_rows_desc": f"tensordesc<bf16[{tile},64]>"}
     if not constexprs["ROW_TMA"]:
@@ -154,10 +157,11 @@ def gqa_decode_resources(
 def main() -> None:
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     print(f"Triton {triton.__version__}")
-    print("MLA decode on sm_90: heads, heads a program, tile, warps, stages, page")
+    print("MLA decode on sm_90: heads, heads a program, tile, warps, stages, page, batch")
     configs = [
-        (16, 16, 64, 4, 2, 64), (128, 64, 64, 8, 2, 64), (128, 64, 32, 8, 2, 64), (128, 32, 64, 4, 2, 64),
-        (8, 8, 64, 4, 3, 480), (8, 8, 32, 4, 3, 480),
+        (16, 16, 64, 4, 2, 64, 256), (128, 64, 64, 8, 2, 64, 256), (128, 64, 64, 8, 2, 64, 8),
+        (128, 64, 32, 8, 2, 64, 256), (128, 32, 64, 4, 2, 64, 256), (8, 8, 64, 4, 3, 480, 256),
+        (8, 8, 32, 4, 3, 480, 256),
     ]  # fmt: skip
     for config in configs:
         print(config, mla_resources(*config), flush=True)

@@ -192,14 +192,16 @@ def test_the_resource_script_sets_every_constexpr_of_both_kernels() -> None:
     """scripts/kernel_resources.py compiles the kernels for sm_90 with constexprs of its own: a
     renamed constexpr must fail here, not in the script (it once did, silently stale)."""
     gqa = gqa_decode_constexprs(4, 128, 16, 64, 16)  # 32 query and 8 KV heads, a batch of 16
-    assert gqa["SPLIT"] and (gqa["BLOCK_M"], gqa["BLOCK_Q"], gqa["SEQS_PAD"]) == (16, 4, 16)
+    assert gqa["SPLIT"] and (gqa["BLOCK_M"], gqa["BLOCK_Q"], gqa["SEQS_PAD"]) == (16, 4, 32)
     assert gqa_decode_constexprs(4, 80, 16, 64, 100)["HEAD_PAD"] == 128
     assert gqa_decode_constexprs(4, 128, 16, 64, 100)["SEQS_PAD"] == 128
 
-    assert mla_constexprs(128, 64, 64, 64)["PAGES"] == 1
-    assert mla_constexprs(8, 8, 64, 480)["PAGES"] == 2
+    assert mla_constexprs(128, 64, 64, 64, 256)["PAGES"] == 1
+    assert mla_constexprs(8, 8, 64, 480, 256)["PAGES"] == 2
     # As decode_attention_fwd's default: TMA copies for 64-head groups on pages tiles divide.
-    assert mla_constexprs(128, 64, 64, 64)["ROW_TMA"] and not mla_constexprs(16, 16, 64, 64)["ROW_TMA"]
+    assert mla_constexprs(128, 64, 64, 64, 256)["ROW_TMA"] and not mla_constexprs(16, 16, 64, 64, 256)["ROW_TMA"]
+    # Wide schedule vectors for 64-head groups only.
+    assert mla_constexprs(128, 64, 64, 64, 8)["SEQS_PAD"] == 32 and mla_constexprs(16, 16, 64, 64, 8)["SEQS_PAD"] == 8
 
 
 def test_the_resource_script_counts_the_pipelined_tiles_buffers() -> None:

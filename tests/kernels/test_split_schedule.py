@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._split_kv import balanced_piece, piece_floor
+from kernels._split_kv import balanced_piece, piece_floor, schedule_lanes
 from tests.kernels.conftest import DEVICE, ON_GPU
 
 pytestmark = pytest.mark.usefixtures("kernel_runtime")
@@ -40,13 +40,15 @@ else:
 
 
 def schedule(
-    work: list[int], num_items: int, min_tiles: int, fill_items: int
+    work: list[int], num_items: int, min_tiles: int, fill_items: int, wide: bool = True
 ) -> tuple[list[tuple[int, int, int]], list[list[int]]]:
+    """Each item's piece and the merge's item ranges, with the schedule vectors as wide as a
+    launch makes them (``wide``: at least 32 lanes) or as the batch."""
     pieces = torch.full((num_items, 3), -1, dtype=torch.int32, device=DEVICE)
     sched = torch.full((len(work), 2), -1, dtype=torch.int32, device=DEVICE)
     work_t = torch.tensor(work, dtype=torch.int32, device=DEVICE)
     _pieces_kernel[(num_items,)](
-        work_t, pieces, sched, len(work), num_items, min_tiles, fill_items, SEQS_PAD=triton.next_power_of_2(len(work))
+        work_t, pieces, sched, len(work), num_items, min_tiles, fill_items, SEQS_PAD=schedule_lanes(len(work), wide)
     )
     return [tuple(row) for row in pieces.tolist()], sched.tolist()
 
@@ -99,3 +101,16 @@ def test_pieces_cover_every_tile_once(work: list[int], num_items: int, min_tiles
         items = [item for _, _, item in mine]
         assert sched[seq] == [items[0] if items else sched[seq][0], len(items)]
         assert items == list(range(sched[seq][0], sched[seq][0] + len(items)))
+
+
+@pytest.mark.parametrize("work", [[3, 0, 1, 17, 2, 2, 40, 5], [100, 1, 1, 1, 1, 1], [9, 4, 30]])
+def test_lanes_past_the_batch_change_no_piece(work: list[int]) -> None:
+    """A launch pads the schedule vectors to 32 lanes (fewer registers on sm_90); the lanes
+    past the batch hold no tiles, so the pieces are the ones the batch's own width gives (an
+    item past the pieces gets a sequence past the lanes, and exits either way)."""
+    assert schedule_lanes(len(work)) == 32 and triton.next_power_of_2(len(work)) < 32
+    (wide, wide_sched), (narrow, narrow_sched) = (schedule(work, 24, 2, 8, wide=w) for w in (True, False))
+    assert wide_sched == narrow_sched
+    assert len(wide) == len(narrow) and any(seq >= len(work) for seq, _, _ in wide)
+    for (seq, first, tiles), (n_seq, n_first, n_tiles) in zip(wide, narrow, strict=True):
+        assert (seq, first, tiles) == (n_seq, n_first, n_tiles) or min(seq, n_seq) >= len(work)
