@@ -150,7 +150,7 @@ def work_items(target: int, num_seqs: int) -> int:
 def schedule_lanes(num_seqs: int, wide: bool = True) -> int:
     """Lanes of the per-sequence vectors (``seqs``) a split program finds its piece in: a power
     of two, and with ``wide`` at least a warp's 32. Compiled for sm_90 by Triton 3.6, 4 to 16
-    lanes cost the GQA split decode 30-70 registers (a program fewer on each multiprocessor)
+    lanes cost the GQA split decode 20-70 registers (a program fewer on each multiprocessor)
     and make 64-head MLA programs spill; 32 lanes do neither (``scripts/kernel_resources.py``).
     MLA programs of up to 32 heads ran up to 9% slower with wide vectors, so they keep the batch's."""
     return max(32 if wide else 1, triton.next_power_of_2(num_seqs))
