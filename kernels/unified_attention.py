@@ -333,14 +333,15 @@ def _unified_attention_kernel(
 # one); a batch larger than the target gets half the target more
 # (kernels._split_kv.work_items), so that its long sequences are still cut. Pieces keep at
 # least 512 keys (an explicit num_splits drops that floor), which leaves short batches with
-# fewer pieces than items, unless the whole batch would then give fewer than 2 programs per
-# multiprocessor: there the floor gives way to fill that many (kernels._split_kv.piece_floor;
-# on the H200, 0.73-0.88x the time of 512-key pieces on the nine batches of 1 to 12
-# sequences where it gave way, 0.99-1.01x on eighteen where it did not; a fill of 4 programs
-# per multiprocessor ranged 0.72-1.25x). Batches whose longest sequence is short run unsplit.
+# fewer pieces than items, unless the whole batch would then give fewer than 3 programs per
+# multiprocessor: there the floor gives way to fill that many (kernels._split_kv.piece_floor).
+# On the H200 a fill of 2 took 0.73-0.88x the time of 512-key pieces on the nine batches of
+# 1 to 12 sequences where it gave way; with 4 programs resident a multiprocessor at every
+# batch size (kernels._split_kv.schedule_lanes), a fill of 3 took 0.86-1.005x the time of 2
+# on 43 batches, and 4 ranged 0.84-1.21x. Batches whose longest sequence is short run unsplit.
 _PROGRAMS_PER_SM = 16
 _MIN_KEYS_PER_SPLIT = 512
-_FILL_PROGRAMS_PER_SM = 2
+_FILL_PROGRAMS_PER_SM = 3
 
 
 def query_rows(q_per_kv: int) -> tuple[int, int]:
