@@ -18,4 +18,4 @@ if [ -z "${KVCANARY_TEST_POSTGRES_URL:-}" ]; then
     trap stop_pg EXIT
   fi
 fi
-python -m pytest -p no:cacheprovider -rs "$@"
+python -m pytest -p no:cacheprovider -rs --durations=30 "$@"

@@ -78,8 +78,18 @@ def _wait(what: str, check: Callable[[], Any], timeout_s: float, every_s: float 
 
 
 FAKE_WORKER = """
-import pathlib, subprocess, sys, time
-from service.runs.orphan_guard import POLL_S, OrphanGuard
+import os, pathlib, signal, subprocess, sys, time
+import psutil
+from service.runs.orphan_guard import OrphanGuard
+
+def force_exit(signum, frame):
+    # What a Ray worker does when its task is force-cancelled or its raylet dies: SIGKILL its
+    # direct children, then exit at once.
+    for child in psutil.Process().children():
+        child.kill()
+    os._exit(1)
+
+signal.signal(signal.SIGUSR1, force_exit)
 with OrphanGuard():
     helper = subprocess.Popen(["bash", "-c", "sleep 600 & sleep 600"], start_new_session=True)
     pathlib.Path(sys.argv[1]).write_text(str(helper.pid))
@@ -87,16 +97,18 @@ with OrphanGuard():
 """
 
 
-def test_orphan_guard_kills_the_groups_of_a_killed_worker(tmp_path: Path) -> None:
-    # A killed worker is the failure under test, and SIGKILL is how Ray kills one: nothing in
-    # the worker can clean up after it, so only the guard can.
+@pytest.mark.parametrize("death", [signal.SIGKILL, signal.SIGUSR1], ids=["sigkill", "ray-force-exit"])
+def test_orphan_guard_kills_the_groups_of_a_killed_worker(tmp_path: Path, death: signal.Signals) -> None:
+    # A killed worker is the failure under test: SIGKILL, or Ray's force exit, which first
+    # SIGKILLs the worker's direct children (the engine's leader, not the rest of its group).
+    # Nothing in the worker can clean up after either, so only the guard can.
     marker = tmp_path / "group"
     worker = subprocess.Popen([sys.executable, "-c", FAKE_WORKER, str(marker)], cwd=Path(__file__).parents[2])
     try:
         group = int(_wait("the worker's process group", lambda: marker.exists() and marker.read_text(), 60))
         members = _wait("the group's processes", lambda: len(m := group_members(group)) >= 2 and m, 30)
         time.sleep(3 * POLL_S)  # the guard notices new groups on its next poll
-        worker.kill()
+        worker.send_signal(death)
         worker.wait(10)
         _wait("the guard to kill the group", lambda: not any(_alive(pid) for pid in members), 15)
     finally:
@@ -406,18 +418,19 @@ def replicas(
 
 
 def engines_under(folder: Path) -> list[int]:
-    """Pids of vLLM servers whose receipts go under `folder`: the engines of runs kept there."""
+    """Pids of the vLLM processes of runs kept under `folder`: every process whose receipts go
+    there, the API server and what it started (the engine core and its workers rename
+    themselves, but keep the environment)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            argv = (entry / "cmdline").read_bytes()
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
         receipts = next((v for v in environ if v.startswith(b"KVCANARY_RECEIPT_DIR=")), b"")
-        if b"vllm.entrypoints" in argv and str(folder).encode() in receipts:
+        if str(folder).encode() in receipts:
             found.append(int(entry.name))
     return found
 
