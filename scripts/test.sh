@@ -18,4 +18,7 @@ if [ -z "${KVCANARY_TEST_POSTGRES_URL:-}" ]; then
     trap stop_pg EXIT
   fi
 fi
-python -m pytest -p no:cacheprovider -rs --durations=30 "$@"
+# Two xdist workers, each given whole test files (a file's engines and services stay in one
+# process) in the order tests/conftest.py sorts them: an engine start or a Triton-interpreted
+# kernel keeps one core busy, so two workers roughly halve the wall time on two cores.
+python -m pytest -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder -rs --durations=30 "$@"

