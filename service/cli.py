@@ -328,6 +328,8 @@ def _follow(url: str, run_id: int, worker: threading.Thread) -> None:
 
 BUSY = (429, 503)
 MAX_RETRY_AFTER_S = 60.0
+# What a service that is restarting, or a proxy in front of it, answers for a while.
+RESTARTING = (502, 503, 504)
 
 
 def _post_run(client: httpx.Client, body: dict[str, object], deadline: float) -> httpx.Response:
@@ -340,6 +342,24 @@ def _post_run(client: httpx.Client, body: dict[str, object], deadline: float) ->
         wait = min(float(header), MAX_RETRY_AFTER_S) if header.isdigit() else 5.0
         print(f"service busy ({response.status_code}); retrying in {wait:.0f} s", file=sys.stderr)
         time.sleep(wait)
+
+
+def _poll_run(client: httpx.Client, run_id: int, deadline: float, poll: float) -> RunDetail | None:
+    """The run's detail. A service that does not answer (restarting, or killed and started
+    again) is asked again every `poll` seconds until `deadline`, since a run survives its
+    service's restart; None if it never answers by then."""
+    while True:
+        try:
+            response = client.get(f"/api/v1/runs/{run_id}")
+            if response.status_code not in RESTARTING:
+                return RunDetail.model_validate(response.raise_for_status().json())
+            why = f"HTTP {response.status_code}"
+        except httpx.TransportError as exc:
+            why = type(exc).__name__
+        if time.monotonic() > deadline:
+            return None
+        print(f"service not answering ({why}); asking again in {poll:.0f} s", file=sys.stderr)
+        time.sleep(poll)
 
 
 @app.command()
@@ -388,7 +408,11 @@ def submit(
                     console.print(f"[red]no verdict after {timeout:.0f} s; run {detail.id} is {detail.status}[/red]")
                     raise typer.Exit(EXIT_ERROR)
                 time.sleep(poll)
-                detail = RunDetail.model_validate(client.get(f"/api/v1/runs/{detail.id}").raise_for_status().json())
+                polled = _poll_run(client, detail.id, deadline, poll)
+                if polled is None:
+                    console.print(f"[red]service at {url} stopped answering; run {detail.id} was {detail.status}[/red]")
+                    raise typer.Exit(EXIT_ERROR)
+                detail = polled
                 done, total = detail.progress.done, detail.progress.total
                 print(f"run {detail.id}: {detail.status} {detail.progress.phase} {done}/{total}", file=sys.stderr)
     except httpx.HTTPError as exc:

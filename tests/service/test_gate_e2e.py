@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -57,7 +58,7 @@ def gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("gate")
     services: list[LiveService] = []
 
-    def launch(profiles: Path) -> LiveService:
+    def launch(profiles: Path, port: int | None = None) -> LiveService:
         env = {
             **os.environ,
             **OFFLINE_ENV,
@@ -67,7 +68,7 @@ def gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             "KVCANARY_PROFILES_DIR": str(profiles),
         }
         (root / "data").mkdir(exist_ok=True)
-        live = LiveService(root / "data", env)
+        live = LiveService(root / "data", env) if port is None else LiveService(root / "data", env, port)
         live.start()
         services.append(live)
         return live
@@ -85,13 +86,20 @@ def gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         live.stop()
 
 
-def submit(gate: dict[str, Any], profile: str = PROFILE, *extra: str) -> tuple[int, str, Path]:
+def start_submit(gate: dict[str, Any], profile: str = PROFILE) -> tuple[subprocess.Popen[str], Path]:
+    """`kvcanary submit --wait --junit` as a CI job runs it, in the background."""
     junit = gate["root"] / f"junit-{time.monotonic_ns()}.xml"
     env = {**os.environ, "KVCANARY_TOKEN": gate["ci"]}
     argv = [sys.executable, "-m", "service", "submit", "--url", gate["service"].url, "--profile", profile]
-    argv += ["--wait", "--poll", "2", "--timeout", str(RUN_TIMEOUT_S), "--junit", str(junit), *extra]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 60)
-    return done.returncode, done.stdout + done.stderr, junit
+    argv += ["--wait", "--poll", "2", "--timeout", str(RUN_TIMEOUT_S), "--junit", str(junit)]
+    client = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return client, junit
+
+
+def submit(gate: dict[str, Any], profile: str = PROFILE) -> tuple[int, str, Path]:
+    client, junit = start_submit(gate, profile)
+    output, _ = client.communicate(timeout=RUN_TIMEOUT_S + 60)
+    return client.returncode, output, junit
 
 
 def latest_run(gate: dict[str, Any]) -> dict[str, Any]:
@@ -182,15 +190,30 @@ def test_engine_killed_in_one_arm_ends_the_run_as_error_and_the_other_arm_is_sti
 def test_killed_service_requeues_the_run_keeps_its_samples_and_it_passes_the_paired_test(
     gate: dict[str, Any],
 ) -> None:
-    """kill -9 of the service mid-run: the restarted service re-queues the run, reuses what was
-    stored and finishes it; the unchanged model then passes the paired test against the reference."""
-    run_id = queue_run(gate)
-    before = wait_for(lambda: stored_samples(gate, run_id), 600, "some samples to be stored")
+    """kill -9 of the service mid-run while CI's `kvcanary submit --wait` waits on it: the service,
+    started again on its port, re-queues the run, reuses what was stored and finishes it; submit
+    rides out the restart and exits 0; the unchanged model passes the paired test against the
+    reference."""
+    client, junit = start_submit(gate)
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in client.stdout or []:
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reference_id = gate["reference"]["id"]
+    run_id = wait_for(lambda: (r := latest_run(gate))["id"] != reference_id and r["id"], 60, "the run to be queued")
+    before = wait_for(lambda: stored_samples(gate, run_id), 600, "some samples to be stored", every_s=0.2)
     old_engine = run_row(gate, run_id).engine_pid
     gate["service"].kill()
-    restarted = gate["launch"](gate["root"] / "profiles")
+    wait_for(lambda: any("service not answering" in line for line in lines), 60, "submit to find no service")
+    restarted = gate["launch"](gate["root"] / "profiles", port=gate["service"].port)
     gate["service"] = restarted
-    wait_for(lambda: run_row(gate, run_id).status in ("passed", "failed", "error"), RUN_TIMEOUT_S, "the re-run")
+    assert client.wait(RUN_TIMEOUT_S) == 0, "".join(lines)
+    reader.join(10)
+    assert ET.parse(junit).getroot().findall("testcase"), "".join(lines)
     run = run_row(gate, run_id)
     assert run.status == "passed" and run.attempt == 2, (run.status, run.error)
     after = stored_samples(gate, run_id)
