@@ -194,6 +194,7 @@ def test_killed_service_requeues_the_run_keeps_its_samples_and_it_passes_the_pai
     started again on its port, re-queues the run, reuses what was stored and finishes it; submit
     rides out the restart and exits 0; the unchanged model passes the paired test against the
     reference."""
+    previous = latest_run(gate)["id"]
     client, junit = start_submit(gate)
     lines: list[str] = []
 
@@ -203,10 +204,13 @@ def test_killed_service_requeues_the_run_keeps_its_samples_and_it_passes_the_pai
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    reference_id = gate["reference"]["id"]
-    run_id = wait_for(lambda: (r := latest_run(gate))["id"] != reference_id and r["id"], 60, "the run to be queued")
-    before = wait_for(lambda: stored_samples(gate, run_id), 600, "some samples to be stored", every_s=0.2)
+    run_id = wait_for(lambda: (r := latest_run(gate))["id"] > previous and r["id"], 60, "submit's run to be queued")
+    wait_for(lambda: stored_samples(gate, run_id), 600, "some samples to be stored", every_s=0.2)
     old_engine = run_row(gate, run_id).engine_pid
+    assert old_engine is not None
+    os.killpg(old_engine, signal.SIGSTOP)  # the run cannot finish before the service dies
+    before = stored_samples(gate, run_id)
+    assert 0 < len(before) < 200, len(before)
     gate["service"].kill()
     wait_for(lambda: any("service not answering" in line for line in lines), 60, "submit to find no service")
     restarted = gate["launch"](gate["root"] / "profiles", port=gate["service"].port)
@@ -222,7 +226,7 @@ def test_killed_service_requeues_the_run_keeps_its_samples_and_it_passes_the_pai
     with session_scope(restarted.database_url) as session:
         events = [e.message for e in session.scalars(select(RunEvent).where(RunEvent.run_id == run_id))]
     assert any("re-queued" in m for m in events) and any("reusing" in m for m in events), events
-    assert old_engine is None or not Path(f"/proc/{old_engine}").exists(), "the orphaned engine was left running"
+    assert not Path(f"/proc/{old_engine}").exists(), "the orphaned engine was left running"
     detail = httpx.get(f"{restarted.url}/api/v1/runs/{run_id}").json()
     strict = next(m for m in detail["metrics"] if m["metric"] == "strict-match")
     assert strict["verdict"] == "pass", strict["explanation"]
