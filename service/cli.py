@@ -344,10 +344,11 @@ def _post_run(client: httpx.Client, body: dict[str, object], deadline: float) ->
         time.sleep(wait)
 
 
-def _poll_run(client: httpx.Client, run_id: int, deadline: float, poll: float) -> RunDetail | None:
+def _poll_run(client: httpx.Client, run_id: int, poll: float, give_up_s: float) -> RunDetail | None:
     """The run's detail. A service that does not answer (restarting, or killed and started
-    again) is asked again every `poll` seconds until `deadline`, since a run survives its
-    service's restart; None if it never answers by then."""
+    again: a run survives its service's restart) is asked again every `poll` seconds for up
+    to `give_up_s`; None if it has not answered by then."""
+    since = time.monotonic()
     while True:
         try:
             response = client.get(f"/api/v1/runs/{run_id}")
@@ -356,7 +357,7 @@ def _poll_run(client: httpx.Client, run_id: int, deadline: float, poll: float) -
             why = f"HTTP {response.status_code}"
         except httpx.TransportError as exc:
             why = type(exc).__name__
-        if time.monotonic() > deadline:
+        if time.monotonic() - since >= give_up_s:
             return None
         print(f"service not answering ({why}); asking again in {poll:.0f} s", file=sys.stderr)
         time.sleep(poll)
@@ -381,6 +382,9 @@ def submit(
     idempotency_key: Annotated[str | None, typer.Option(help="Resubmits return the same run")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the verdict")] = 6 * 3600,
     poll: Annotated[float, typer.Option(help="Seconds between status polls")] = 5.0,
+    unreachable_timeout: Annotated[
+        float, typer.Option(help="While waiting: seconds the service may not answer (a restart) before giving up")
+    ] = 600.0,
 ) -> None:
     """Queue a run on a service (for CI). Exit 0 pass, 1 regression, 2 error or unreachable service."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -408,9 +412,13 @@ def submit(
                     console.print(f"[red]no verdict after {timeout:.0f} s; run {detail.id} is {detail.status}[/red]")
                     raise typer.Exit(EXIT_ERROR)
                 time.sleep(poll)
-                polled = _poll_run(client, detail.id, deadline, poll)
+                give_up_s = min(unreachable_timeout, deadline - time.monotonic())
+                polled = _poll_run(client, detail.id, poll, give_up_s)
                 if polled is None:
-                    console.print(f"[red]service at {url} stopped answering; run {detail.id} was {detail.status}[/red]")
+                    console.print(
+                        f"[red]service at {url} did not answer for {give_up_s:.0f} s; run {detail.id} was "
+                        f"{detail.status}[/red]"
+                    )
                     raise typer.Exit(EXIT_ERROR)
                 detail = polled
                 done, total = detail.progress.done, detail.progress.total

@@ -28,10 +28,9 @@ OFFLINE_ENV = {
 
 MakeProfile = Callable[..., Profile]
 
-# pytest-xdist hands its workers the controller's terminal width as COLUMNS (80 without a
-# terminal); the CLI would then wrap its tables as in a terminal. Tests read what a CI log gets.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ.pop("COLUMNS", None)
+# The CLI wraps its tables at $COLUMNS (xdist workers were seen with COLUMNS=80); the tests read
+# what a CI log gets, lines printed whole, however pytest is run.
+os.environ.pop("COLUMNS", None)
 
 
 @pytest.fixture(scope="session")
@@ -77,7 +76,7 @@ def make_profile() -> MakeProfile:
 def gsm8k_engine(
     tmp_path_factory: pytest.TempPathFactory, offline_env: dict[str, str], make_profile: MakeProfile
 ) -> Iterator[Engine]:
-    """A running vLLM server on the committed GSM8k fixture model, shared by the whole session."""
+    """A running vLLM server on the committed GSM8k fixture model, shared by the process's tests."""
     from evals.fixtures.gsm8k_model import model_dir
 
     profile = make_profile(model_dir(), name="gsm8k-fixture")
@@ -95,7 +94,8 @@ def canary_engine(
     """`canary_engine()`: the GSM8k fixture model with both canaries on, health-checked twice a second.
 
     Unlike `gsm8k_engine`, a test may kill this one: the next caller then gets a fresh engine.
-    The canary test and the killed-engine test share one start this way when both run.
+    The canary test and the killed-engine test share one start this way when both run in one
+    process.
     """
     from evals.fixtures.gsm8k_model import model_dir
 
@@ -160,7 +160,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     engine_files = {item.path for item in items if item.get_closest_marker("engine") is not None}
 
     def rank(item: pytest.Item) -> tuple[bool, int]:
-        if "kernels" in item.path.parts:
+        if item.path.relative_to(config.rootpath).parts[:2] == ("tests", "kernels"):
             return False, 0
         return item.get_closest_marker("browser") is not None, 1 if item.path in engine_files else 2
 

@@ -98,7 +98,10 @@ def start_submit(gate: dict[str, Any], profile: str = PROFILE) -> tuple[subproce
 
 def submit(gate: dict[str, Any], profile: str = PROFILE) -> tuple[int, str, Path]:
     client, junit = start_submit(gate, profile)
-    output, _ = client.communicate(timeout=RUN_TIMEOUT_S + 60)
+    try:
+        output, _ = client.communicate(timeout=RUN_TIMEOUT_S + 60)
+    finally:
+        client.kill()  # a no-op once it has exited
     return client.returncode, output, junit
 
 
@@ -204,18 +207,24 @@ def test_killed_service_requeues_the_run_keeps_its_samples_and_it_passes_the_pai
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    run_id = wait_for(lambda: (r := latest_run(gate))["id"] > previous and r["id"], 60, "submit's run to be queued")
-    wait_for(lambda: stored_samples(gate, run_id), 600, "some samples to be stored", every_s=0.2)
-    old_engine = run_row(gate, run_id).engine_pid
-    assert old_engine is not None
-    os.killpg(old_engine, signal.SIGSTOP)  # the run cannot finish before the service dies
-    before = stored_samples(gate, run_id)
-    assert 0 < len(before) < 200, len(before)
-    gate["service"].kill()
-    wait_for(lambda: any("service not answering" in line for line in lines), 60, "submit to find no service")
-    restarted = gate["launch"](gate["root"] / "profiles", port=gate["service"].port)
-    gate["service"] = restarted
-    assert client.wait(RUN_TIMEOUT_S) == 0, "".join(lines)
+    try:
+        run_id = wait_for(lambda: (r := latest_run(gate))["id"] > previous and r["id"], 60, "submit's run")
+        wait_for(lambda: stored_samples(gate, run_id), 600, "some samples to be stored", every_s=0.2)
+        old_engine = run_row(gate, run_id).engine_pid
+        assert old_engine is not None
+        try:
+            os.killpg(old_engine, signal.SIGSTOP)  # the run cannot finish before the service dies
+        except ProcessLookupError:
+            pytest.fail("the run ended before its engine could be stopped")
+        before = stored_samples(gate, run_id)
+        assert 0 < len(before) < 200, len(before)
+        gate["service"].kill()
+        wait_for(lambda: any("service not answering" in line for line in lines), 60, "submit to find no service")
+        restarted = gate["launch"](gate["root"] / "profiles", port=gate["service"].port)
+        gate["service"] = restarted
+        assert client.wait(RUN_TIMEOUT_S) == 0, "".join(lines)
+    finally:
+        client.kill()
     reader.join(10)
     assert ET.parse(junit).getroot().findall("testcase"), "".join(lines)
     run = run_row(gate, run_id)
