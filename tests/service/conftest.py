@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -82,6 +83,44 @@ class LiveService:
         upgrade(self.database_url)
         with session_scope(self.database_url) as session:
             return create_token(session, name or f"test-{role.value}", role)
+
+
+class SubmitClient:
+    """`kvcanary submit --wait` as a CI job runs it, in the background; its output (stdout and
+    stderr) is read line by line as it comes."""
+
+    def __init__(self, url: str, token: str, profile: str, *extra: str) -> None:
+        argv = [sys.executable, "-m", "service", "submit", "--url", url, "--profile", profile, "--wait", *extra]
+        env = {**os.environ, "KVCANARY_TOKEN": token}
+        self.process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout or []:
+            self.lines.append(line)
+
+    def says(self, text: str, timeout_s: float = 60) -> None:
+        """Wait until the still-running client has printed `text`."""
+        deadline = time.monotonic() + timeout_s
+        while not any(text in line for line in self.lines):
+            assert time.monotonic() < deadline and self.process.poll() is None, self.output()
+            time.sleep(0.1)
+
+    def exit_code(self, timeout_s: float = 60) -> int:
+        code = self.process.wait(timeout_s)
+        self._reader.join(10)
+        return code
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def kill(self) -> None:
+        """End it if it still runs (a failed test must not leave it polling)."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
 
 
 StartService = Callable[..., LiveService]

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -30,7 +27,7 @@ from service.db.models import Sample as SampleRow
 from service.db.session import session_scope
 from service.settings import PACKAGED_PROFILES
 from tests.conftest import OFFLINE_ENV
-from tests.service.conftest import LiveService
+from tests.service.conftest import LiveService, SubmitClient
 
 pytestmark = pytest.mark.engine
 
@@ -58,7 +55,7 @@ def gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("gate")
     services: list[LiveService] = []
 
-    def launch(profiles: Path, port: int | None = None) -> LiveService:
+    def launch(profiles: Path) -> LiveService:
         env = {
             **os.environ,
             **OFFLINE_ENV,
@@ -68,7 +65,7 @@ def gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             "KVCANARY_PROFILES_DIR": str(profiles),
         }
         (root / "data").mkdir(exist_ok=True)
-        live = LiveService(root / "data", env) if port is None else LiveService(root / "data", env, port)
+        live = LiveService(root / "data", env)
         live.start()
         services.append(live)
         return live
@@ -86,23 +83,19 @@ def gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         live.stop()
 
 
-def start_submit(gate: dict[str, Any], profile: str = PROFILE) -> tuple[subprocess.Popen[str], Path]:
-    """`kvcanary submit --wait --junit` as a CI job runs it, in the background."""
+def start_submit(gate: dict[str, Any], profile: str = PROFILE) -> tuple[SubmitClient, Path]:
     junit = gate["root"] / f"junit-{time.monotonic_ns()}.xml"
-    env = {**os.environ, "KVCANARY_TOKEN": gate["ci"]}
-    argv = [sys.executable, "-m", "service", "submit", "--url", gate["service"].url, "--profile", profile]
-    argv += ["--wait", "--poll", "2", "--timeout", str(RUN_TIMEOUT_S), "--junit", str(junit)]
-    client = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return client, junit
+    extra = ["--poll", "2", "--timeout", str(RUN_TIMEOUT_S), "--junit", str(junit)]
+    return SubmitClient(gate["service"].url, gate["ci"], profile, *extra), junit
 
 
 def submit(gate: dict[str, Any], profile: str = PROFILE) -> tuple[int, str, Path]:
     client, junit = start_submit(gate, profile)
     try:
-        output, _ = client.communicate(timeout=RUN_TIMEOUT_S + 60)
+        code = client.exit_code(RUN_TIMEOUT_S + 60)
     finally:
-        client.kill()  # a no-op once it has exited
-    return client.returncode, output, junit
+        client.kill()
+    return code, client.output(), junit
 
 
 def latest_run(gate: dict[str, Any]) -> dict[str, Any]:
@@ -199,14 +192,6 @@ def test_killed_service_requeues_the_run_keeps_its_samples_and_it_passes_the_pai
     reference."""
     previous = latest_run(gate)["id"]
     client, junit = start_submit(gate)
-    lines: list[str] = []
-
-    def read() -> None:
-        for line in client.stdout or []:
-            lines.append(line)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
     try:
         run_id = wait_for(lambda: (r := latest_run(gate))["id"] > previous and r["id"], 60, "submit's run")
         wait_for(lambda: stored_samples(gate, run_id), 600, "some samples to be stored", every_s=0.2)
@@ -218,15 +203,14 @@ def test_killed_service_requeues_the_run_keeps_its_samples_and_it_passes_the_pai
             pytest.fail("the run ended before its engine could be stopped")
         before = stored_samples(gate, run_id)
         assert 0 < len(before) < 200, len(before)
-        gate["service"].kill()
-        wait_for(lambda: any("service not answering" in line for line in lines), 60, "submit to find no service")
-        restarted = gate["launch"](gate["root"] / "profiles", port=gate["service"].port)
-        gate["service"] = restarted
-        assert client.wait(RUN_TIMEOUT_S) == 0, "".join(lines)
+        restarted = gate["service"]
+        restarted.kill()
+        client.says("service not answering")
+        restarted.start()  # the same port, database and profiles
+        assert client.exit_code(RUN_TIMEOUT_S) == 0, client.output()
     finally:
         client.kill()
-    reader.join(10)
-    assert ET.parse(junit).getroot().findall("testcase"), "".join(lines)
+    assert ET.parse(junit).getroot().findall("testcase"), client.output()
     run = run_row(gate, run_id)
     assert run.status == "passed" and run.attempt == 2, (run.status, run.error)
     after = stored_samples(gate, run_id)
