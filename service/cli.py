@@ -380,10 +380,11 @@ def submit(
     junit: Annotated[Path | None, typer.Option(help="With --wait: write a JUnit XML report here")] = None,
     token: Annotated[str | None, typer.Option(envvar="KVCANARY_TOKEN", help="API token (ci role)")] = None,
     idempotency_key: Annotated[str | None, typer.Option(help="Resubmits return the same run")] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the verdict")] = 6 * 3600,
-    poll: Annotated[float, typer.Option(help="Seconds between status polls")] = 5.0,
+    timeout: Annotated[float, typer.Option(min=0, help="Seconds to wait for the verdict")] = 6 * 3600,
+    poll: Annotated[float, typer.Option(min=0.1, help="Seconds between status polls")] = 5.0,
     unreachable_timeout: Annotated[
-        float, typer.Option(help="While waiting: seconds the service may not answer (a restart) before giving up")
+        float,
+        typer.Option(min=0, help="While waiting: seconds the service may not answer (a restart) before giving up"),
     ] = 600.0,
 ) -> None:
     """Queue a run on a service (for CI). Exit 0 pass, 1 regression, 2 error or unreachable service."""

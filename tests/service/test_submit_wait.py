@@ -10,8 +10,10 @@ import time
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 from service.auth import Role
+from service.cli import app
 from tests.service.conftest import LiveService, StartService, SubmitClient, bearer
 
 PROFILE = "gsm8k-tiny-cpu"
@@ -53,3 +55,16 @@ def test_submit_gives_up_on_a_service_that_stays_down(service: LiveService) -> N
         assert "did not answer for 2 s" in client.output(), client.output()
     finally:
         client.kill()
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "floor"),
+    [("--unreachable-timeout", "-1", "0"), ("--timeout", "-5", "0"), ("--poll", "0", "0.1")],
+)
+def test_submit_refuses_waits_below_their_floor(option: str, value: str, floor: str) -> None:
+    """A negative limit would give up at the first poll, and a poll of 0 would hammer the
+    service: both are refused before anything is sent (the URL is never asked)."""
+    result = CliRunner().invoke(app, ["submit", "--url", "http://127.0.0.1:9", "--profile", PROFILE, option, value])
+    assert result.exit_code == 2
+    assert f"Invalid value for '{option}'" in result.output
+    assert f"greater than or equal to {floor}" in " ".join(result.output.replace("│", " ").split())
