@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -332,15 +333,32 @@ MAX_RETRY_AFTER_S = 60.0
 RESTARTING = (502, 503, 504)
 
 
-def _post_run(client: httpx.Client, body: dict[str, object], deadline: float) -> httpx.Response:
-    """POST the run; while the service answers 429/503, wait the Retry-After it names and try again."""
+def _post_run(
+    client: httpx.Client, body: dict[str, object], deadline: float, poll: float, give_up_s: float
+) -> httpx.Response | None:
+    """POST the run. While the service answers 429/503, wait the Retry-After it names and try
+    again; while it does not answer (refused, 502/504: restarting), try again every `poll`
+    seconds for up to `give_up_s`, None after that. The request carries an Idempotency-Key,
+    so a POST that reached the service before its answer was lost queues nothing twice."""
+    since = time.monotonic()
     while True:
-        response = client.post("/api/v1/runs", json=body)
-        if response.status_code not in BUSY or time.monotonic() > deadline:
-            return response
-        header = response.headers.get("Retry-After", "")
-        wait = min(float(header), MAX_RETRY_AFTER_S) if header.isdigit() else 5.0
-        print(f"service busy ({response.status_code}); retrying in {wait:.0f} s", file=sys.stderr)
+        try:
+            response = client.post("/api/v1/runs", json=body)
+        except httpx.TransportError as exc:
+            why, wait = type(exc).__name__, poll
+        else:
+            if response.status_code not in {*BUSY, *RESTARTING} or time.monotonic() > deadline:
+                return response
+            header = response.headers.get("Retry-After", "")
+            if response.status_code in BUSY:
+                wait = min(float(header), MAX_RETRY_AFTER_S) if header.isdigit() else 5.0
+                print(f"service busy ({response.status_code}); retrying in {wait:.0f} s", file=sys.stderr)
+                time.sleep(wait)
+                continue
+            why, wait = f"HTTP {response.status_code}", poll
+        if time.monotonic() - since >= give_up_s:
+            return None
+        print(f"service not answering ({why}); asking again in {wait:.0f} s", file=sys.stderr)
         time.sleep(wait)
 
 
@@ -379,7 +397,9 @@ def submit(
     wait: Annotated[bool, typer.Option(help="Wait for the verdict; the exit code then says pass/fail")] = False,
     junit: Annotated[Path | None, typer.Option(help="With --wait: write a JUnit XML report here")] = None,
     token: Annotated[str | None, typer.Option(envvar="KVCANARY_TOKEN", help="API token (ci role)")] = None,
-    idempotency_key: Annotated[str | None, typer.Option(help="Resubmits return the same run")] = None,
+    idempotency_key: Annotated[
+        str | None, typer.Option(help="Resubmits return the same run (default: one made for this call)")
+    ] = None,
     timeout: Annotated[float, typer.Option(min=0, help="Seconds to wait for the verdict")] = 6 * 3600,
     poll: Annotated[float, typer.Option(min=0.1, help="Seconds between status polls")] = 5.0,
     unreachable_timeout: Annotated[
@@ -389,8 +409,8 @@ def submit(
 ) -> None:
     """Queue a run on a service (for CI). Exit 0 pass, 1 regression, 2 error or unreachable service."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    if idempotency_key:
-        headers["Idempotency-Key"] = idempotency_key
+    # Its own key lets this call ask again after a lost answer without queueing twice.
+    headers["Idempotency-Key"] = idempotency_key or f"kvcanary-submit-{uuid.uuid4()}"
     body: dict[str, object] = {"profile": profile, "labels": _labels(label or [])}
     overrides = {"limit": limit, "kernel_variant": variant, "canaries": canary or None}
     if any(value is not None for value in overrides.values()):
@@ -399,7 +419,11 @@ def submit(
         body["compare"] = [arm.strip() for arm in compare.split(",")]
     try:
         with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=30) as client:
-            response = _post_run(client, body, deadline=time.monotonic() + timeout)
+            give_up_s = min(unreachable_timeout, timeout)
+            response = _post_run(client, body, time.monotonic() + timeout, poll, give_up_s)
+            if response is None:
+                console.print(f"[red]service at {url} did not answer for {give_up_s:.0f} s; nothing queued[/red]")
+                raise typer.Exit(EXIT_ERROR)
             if response.status_code >= 400:
                 console.print(f"[red]{response.status_code}: {response.text}[/red]")
                 raise typer.Exit(EXIT_ERROR)

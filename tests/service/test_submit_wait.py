@@ -68,3 +68,21 @@ def test_submit_refuses_waits_below_their_floor(option: str, value: str, floor: 
     assert result.exit_code == 2
     assert f"Invalid value for '{option}'" in result.output
     assert f"greater than or equal to {floor}" in " ".join(result.output.replace("│", " ").split())
+
+
+def test_submit_to_a_service_that_is_down_queues_its_run_once_it_is_back(service: LiveService) -> None:
+    """Before this, a refused POST ended the call with exit 2; now the POST is asked again
+    (under the call's own Idempotency-Key) until the service is back, and queues one run."""
+    service.kill()
+    client = submit(service)
+    try:
+        client.says("service not answering (ConnectError)")
+        service.start()
+        client.says("queued")
+        [run] = httpx.get(f"{service.url}/api/v1/runs").json()["items"]
+        cancel = httpx.post(f"{service.url}/api/v1/runs/{run['id']}/cancel", headers=bearer(service.token(Role.CI)))
+        assert cancel.status_code == 200, cancel.text
+        assert client.exit_code() == 2, client.output()
+        assert "cancelled" in client.output()
+    finally:
+        client.kill()
