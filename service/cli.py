@@ -349,8 +349,8 @@ def _post_run(
         else:
             if response.status_code not in {*BUSY, *RESTARTING} or time.monotonic() > deadline:
                 return response
-            header = response.headers.get("Retry-After", "")
             if response.status_code in BUSY:
+                header = response.headers.get("Retry-After", "")
                 wait = min(float(header), MAX_RETRY_AFTER_S) if header.isdigit() else 5.0
                 print(f"service busy ({response.status_code}); retrying in {wait:.0f} s", file=sys.stderr)
                 time.sleep(wait)
@@ -404,7 +404,7 @@ def submit(
     poll: Annotated[float, typer.Option(min=0.1, help="Seconds between status polls")] = 5.0,
     unreachable_timeout: Annotated[
         float,
-        typer.Option(min=0, help="While waiting: seconds the service may not answer (a restart) before giving up"),
+        typer.Option(min=0, help="Seconds the service may not answer (a restart) before giving up"),
     ] = 600.0,
 ) -> None:
     """Queue a run on a service (for CI). Exit 0 pass, 1 regression, 2 error or unreachable service."""
@@ -422,7 +422,7 @@ def submit(
             give_up_s = min(unreachable_timeout, timeout)
             response = _post_run(client, body, time.monotonic() + timeout, poll, give_up_s)
             if response is None:
-                console.print(f"[red]service at {url} did not answer for {give_up_s:.0f} s; nothing queued[/red]")
+                console.print(f"[red]service at {url} did not answer for {give_up_s:.0f} s; no run id came back[/red]")
                 raise typer.Exit(EXIT_ERROR)
             if response.status_code >= 400:
                 console.print(f"[red]{response.status_code}: {response.text}[/red]")
