@@ -23,6 +23,14 @@ def submit(service: LiveService, *extra: str) -> SubmitClient:
     return SubmitClient(service.url, service.token(Role.CI), PROFILE, "--poll", "0.2", *extra)
 
 
+def cancel_and_see_it_followed(service: LiveService, client: SubmitClient, run_id: int) -> None:
+    """The run, which no worker picks up, is cancelled: a client that follows it exits 2 with its status."""
+    cancel = httpx.post(f"{service.url}/api/v1/runs/{run_id}/cancel", headers=bearer(service.token(Role.CI)))
+    assert cancel.status_code == 200, cancel.text
+    assert client.exit_code() == 2, client.output()
+    assert "cancelled" in client.output()
+
+
 @pytest.fixture
 def service(start_service: StartService) -> LiveService:
     return start_service()
@@ -36,10 +44,7 @@ def test_submit_rides_out_a_restart_and_follows_its_run_to_the_end(service: Live
         service.kill()
         client.says("service not answering (ConnectError)")
         service.start()  # the same port and database: the run is still there
-        cancel = httpx.post(f"{service.url}/api/v1/runs/{run['id']}/cancel", headers=bearer(service.token(Role.CI)))
-        assert cancel.status_code == 200, cancel.text
-        assert client.exit_code() == 2, client.output()
-        assert "cancelled" in client.output()
+        cancel_and_see_it_followed(service, client, run["id"])
     finally:
         client.kill()
 
@@ -71,8 +76,8 @@ def test_submit_refuses_waits_below_their_floor(option: str, value: str, floor: 
 
 
 def test_submit_to_a_service_that_is_down_queues_its_run_once_it_is_back(service: LiveService) -> None:
-    """Before this, a refused POST ended the call with exit 2; now the POST is asked again
-    (under the call's own Idempotency-Key) until the service is back, and queues one run."""
+    """A refused POST is asked again (under the call's own Idempotency-Key) until the service
+    is back, and queues one run, which the call then follows."""
     service.kill()
     client = submit(service)
     try:
@@ -80,9 +85,6 @@ def test_submit_to_a_service_that_is_down_queues_its_run_once_it_is_back(service
         service.start()
         client.says("queued")
         [run] = httpx.get(f"{service.url}/api/v1/runs").json()["items"]
-        cancel = httpx.post(f"{service.url}/api/v1/runs/{run['id']}/cancel", headers=bearer(service.token(Role.CI)))
-        assert cancel.status_code == 200, cancel.text
-        assert client.exit_code() == 2, client.output()
-        assert "cancelled" in client.output()
+        cancel_and_see_it_followed(service, client, run["id"])
     finally:
         client.kill()
