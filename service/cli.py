@@ -327,58 +327,86 @@ def _follow(url: str, run_id: int, worker: threading.Thread) -> None:
             worker.join(0.5)
 
 
-BUSY = (429, 503)
 MAX_RETRY_AFTER_S = 60.0
-# What a service that is restarting, or a proxy in front of it, answers for a while.
+# What a service that is restarting, or a proxy in front of it, answers for a while (the
+# service's own 503 names a Retry-After: it is busy, and says when to come back).
 RESTARTING = (502, 503, 504)
+# A service that is down or restarting; a URL the client cannot use at all is not retried.
+UNANSWERED = (httpx.NetworkError, httpx.TimeoutException, httpx.RemoteProtocolError)
 
 
-def _post_run(
-    client: httpx.Client, body: dict[str, object], deadline: float, poll: float, give_up_s: float
-) -> httpx.Response | None:
-    """POST the run. While the service answers 429/503, wait the Retry-After it names and try
-    again; while it does not answer (refused, 502/504: restarting), try again every `poll`
-    seconds for up to `give_up_s`, None after that. The request carries an Idempotency-Key,
-    so a POST that reached the service before its answer was lost queues nothing twice."""
-    since = time.monotonic()
+class _Silence:
+    """How long a service has not answered, against the limits on waiting for it."""
+
+    def __init__(self, poll: float, give_up_s: float, deadline: float) -> None:
+        self.poll, self.give_up_s, self.deadline = poll, give_up_s, deadline
+        self.since: float | None = None
+
+    def answered(self) -> None:
+        self.since = None
+
+    def __str__(self) -> str:
+        silent = time.monotonic() - self.since if self.since is not None else 0.0
+        return f"did not answer for {silent:.0f} s"
+
+    def wait(self, why: str) -> bool:
+        """Sleep one poll (no later than either limit) and say True, or False once a limit is reached."""
+        now = time.monotonic()
+        self.since = now if self.since is None else self.since
+        left = min(self.since + self.give_up_s, self.deadline) - now
+        if left <= 0:
+            return False
+        pause = min(self.poll, left)
+        print(f"service not answering ({why}); asking again in {pause:g} s", file=sys.stderr)
+        time.sleep(pause)
+        return True
+
+
+def _post_run(client: httpx.Client, body: dict[str, object], silence: _Silence) -> httpx.Response | None:
+    """POST the run. While the service is busy (429, or 503 with a Retry-After), wait what it
+    names and try again until the deadline; while it does not answer (refused, timed out,
+    502-504 from a proxy: restarting), try again every poll until a limit, None after that.
+    The request carries an Idempotency-Key, so a POST that reached the service before its
+    answer was lost queues nothing twice."""
     while True:
         try:
             response = client.post("/api/v1/runs", json=body)
-        except httpx.TransportError as exc:
-            why, wait = type(exc).__name__, poll
+        except UNANSWERED as exc:
+            why = type(exc).__name__
         else:
-            if response.status_code not in {*BUSY, *RESTARTING} or time.monotonic() > deadline:
+            header = response.headers.get("Retry-After", "")
+            busy = response.status_code == 429 or (response.status_code == 503 and header.isdigit())
+            if not busy and response.status_code not in RESTARTING:
                 return response
-            if response.status_code in BUSY:
-                header = response.headers.get("Retry-After", "")
-                wait = min(float(header), MAX_RETRY_AFTER_S) if header.isdigit() else 5.0
-                print(f"service busy ({response.status_code}); retrying in {wait:.0f} s", file=sys.stderr)
-                time.sleep(wait)
+            if busy:
+                silence.answered()
+                left = silence.deadline - time.monotonic()
+                if left <= 0:
+                    return response
+                pause = min(float(header) if header.isdigit() else 5.0, MAX_RETRY_AFTER_S, left)
+                print(f"service busy ({response.status_code}); retrying in {pause:g} s", file=sys.stderr)
+                time.sleep(pause)
                 continue
-            why, wait = f"HTTP {response.status_code}", poll
-        if time.monotonic() - since >= give_up_s:
+            why = f"HTTP {response.status_code}"
+        if not silence.wait(why):
             return None
-        print(f"service not answering ({why}); asking again in {wait:.0f} s", file=sys.stderr)
-        time.sleep(wait)
 
 
-def _poll_run(client: httpx.Client, run_id: int, poll: float, give_up_s: float) -> RunDetail | None:
+def _poll_run(client: httpx.Client, run_id: int, silence: _Silence) -> RunDetail | None:
     """The run's detail. A service that does not answer (restarting, or killed and started
-    again: a run survives its service's restart) is asked again every `poll` seconds for up
-    to `give_up_s`; None if it has not answered by then."""
-    since = time.monotonic()
+    again: a run survives its service's restart) is asked again every poll until a limit;
+    None if it has not answered by then."""
     while True:
         try:
             response = client.get(f"/api/v1/runs/{run_id}")
             if response.status_code not in RESTARTING:
+                silence.answered()
                 return RunDetail.model_validate(response.raise_for_status().json())
             why = f"HTTP {response.status_code}"
-        except httpx.TransportError as exc:
+        except UNANSWERED as exc:
             why = type(exc).__name__
-        if time.monotonic() - since >= give_up_s:
+        if not silence.wait(why):
             return None
-        print(f"service not answering ({why}); asking again in {poll:.0f} s", file=sys.stderr)
-        time.sleep(poll)
 
 
 @app.command()
@@ -400,8 +428,12 @@ def submit(
     idempotency_key: Annotated[
         str | None, typer.Option(help="Resubmits return the same run (default: one made for this call)")
     ] = None,
-    timeout: Annotated[float, typer.Option(min=0, help="Seconds to wait for the verdict")] = 6 * 3600,
-    poll: Annotated[float, typer.Option(min=0.1, help="Seconds between status polls")] = 5.0,
+    timeout: Annotated[
+        float, typer.Option(min=0, help="Seconds to wait for the service to take the run, and for the verdict")
+    ] = 6 * 3600,
+    poll: Annotated[
+        float, typer.Option(min=0.1, help="Seconds between status polls and between tries of a silent service")
+    ] = 5.0,
     unreachable_timeout: Annotated[
         float,
         typer.Option(min=0, help="Seconds the service may not answer (a restart) before giving up"),
@@ -419,10 +451,10 @@ def submit(
         body["compare"] = [arm.strip() for arm in compare.split(",")]
     try:
         with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=30) as client:
-            give_up_s = min(unreachable_timeout, timeout)
-            response = _post_run(client, body, time.monotonic() + timeout, poll, give_up_s)
+            silence = _Silence(poll, unreachable_timeout, time.monotonic() + timeout)
+            response = _post_run(client, body, silence)
             if response is None:
-                console.print(f"[red]service at {url} did not answer for {give_up_s:.0f} s; no run id came back[/red]")
+                console.print(f"[red]service at {url} {silence}; no run id came back[/red]")
                 raise typer.Exit(EXIT_ERROR)
             if response.status_code >= 400:
                 console.print(f"[red]{response.status_code}: {response.text}[/red]")
@@ -431,19 +463,16 @@ def submit(
             console.print(f"run {detail.id} queued: {detail.links['self']}")
             if not wait:
                 raise typer.Exit(EXIT_PASS)
-            deadline = time.monotonic() + timeout
+            silence = _Silence(poll, unreachable_timeout, time.monotonic() + timeout)
             while detail.status not in {s.value for s in FINAL}:
-                if time.monotonic() > deadline:
-                    console.print(f"[red]no verdict after {timeout:.0f} s; run {detail.id} is {detail.status}[/red]")
+                left = silence.deadline - time.monotonic()
+                if left <= 0:
+                    console.print(f"[red]no verdict after {timeout:g} s; run {detail.id} is {detail.status}[/red]")
                     raise typer.Exit(EXIT_ERROR)
-                time.sleep(poll)
-                give_up_s = min(unreachable_timeout, deadline - time.monotonic())
-                polled = _poll_run(client, detail.id, poll, give_up_s)
+                time.sleep(min(poll, left))
+                polled = _poll_run(client, detail.id, silence)
                 if polled is None:
-                    console.print(
-                        f"[red]service at {url} did not answer for {give_up_s:.0f} s; run {detail.id} was "
-                        f"{detail.status}[/red]"
-                    )
+                    console.print(f"[red]service at {url} {silence}; run {detail.id} was {detail.status}[/red]")
                     raise typer.Exit(EXIT_ERROR)
                 detail = polled
                 done, total = detail.progress.done, detail.progress.total

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from service.auth import Role
-from service.cli import _post_run
+from service.cli import _post_run, _Silence
 from tests.service.conftest import StartService
 
 PROFILE = "kimi-linear-48b-a3b"
@@ -63,24 +63,19 @@ def test_a_saturated_service_answers_503_with_retry_after(start_service: StartSe
 
 def test_submit_waits_the_retry_after_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
     """A fake transport: a real service cannot be made to answer 503 or 502 on a chosen
-    request. Busy answers wait their Retry-After; a proxy's 502 (the service restarting)
-    waits one poll; every attempt sends the same Idempotency-Key."""
+    request. Busy answers (429, 503 with a Retry-After) wait what they name; a proxy's 502 and
+    a 503 without a Retry-After (the service restarting behind it) wait one poll."""
     answers = [
         httpx.Response(503, headers={"Retry-After": "3"}, json={"detail": "busy"}),
         httpx.Response(429, headers={"Retry-After": "1"}, json={"detail": "slow down"}),
         httpx.Response(502, text="bad gateway"),
+        httpx.Response(503, text="no upstream"),
         httpx.Response(201, json={"id": 7}),
     ]
-    keys: list[str | None] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        keys.append(request.headers.get("Idempotency-Key"))
-        return answers.pop(0)
-
     waits: list[float] = []
     monkeypatch.setattr("service.cli.time.sleep", waits.append)
-    headers = {"Idempotency-Key": "k-1"}
-    with httpx.Client(base_url="http://kvcanary", transport=httpx.MockTransport(answer), headers=headers) as client:
-        response = _post_run(client, {"profile": PROFILE}, float("inf"), poll=2.0, give_up_s=60.0)
+    transport = httpx.MockTransport(lambda request: answers.pop(0))
+    with httpx.Client(base_url="http://kvcanary", transport=transport) as client:
+        response = _post_run(client, {"profile": PROFILE}, _Silence(poll=2.0, give_up_s=60.0, deadline=float("inf")))
     assert response is not None and response.status_code == 201
-    assert waits == [3.0, 1.0, 2.0] and keys == ["k-1"] * 4
+    assert waits == [3.0, 1.0, 2.0, 2.0]

@@ -6,6 +6,7 @@ The gate end to end (test_gate_e2e.py) does the same around a real engine run.
 
 from __future__ import annotations
 
+import functools
 import time
 
 import httpx
@@ -69,10 +70,9 @@ def test_submit_gives_up_on_a_service_that_stays_down(service: LiveService) -> N
 def test_submit_refuses_waits_below_their_floor(option: str, value: str, floor: str) -> None:
     """A negative limit would give up at the first poll, and a poll of 0 would hammer the
     service: both are refused before anything is sent (the URL is never asked)."""
-    result = CliRunner().invoke(app, ["submit", "--url", "http://127.0.0.1:9", "--profile", PROFILE, option, value])
-    assert result.exit_code == 2
-    assert f"Invalid value for '{option}'" in result.output
-    assert f"greater than or equal to {floor}" in " ".join(result.output.replace("│", " ").split())
+    code, output, _ = run_cli("--url", "http://127.0.0.1:9", option, value)
+    assert code == 2
+    assert f"Invalid value for '{option}'" in output and f"greater than or equal to {floor}" in output
 
 
 def test_submit_to_a_service_that_is_down_queues_its_run_once_it_is_back(service: LiveService) -> None:
@@ -88,3 +88,48 @@ def test_submit_to_a_service_that_is_down_queues_its_run_once_it_is_back(service
         cancel_and_see_it_followed(service, client, run["id"])
     finally:
         client.kill()
+
+
+def run_cli(*args: str) -> tuple[int, str, float]:
+    """`kvcanary submit` in this process: exit code, output, seconds taken."""
+    began = time.monotonic()
+    result = CliRunner().invoke(app, ["submit", "--profile", PROFILE, "--poll", "0.2", *args])
+    return result.exit_code, " ".join(result.output.replace("│", " ").split()), time.monotonic() - began
+
+
+@pytest.mark.parametrize("limits", [["--unreachable-timeout", "1"], ["--timeout", "1", "--unreachable-timeout", "600"]])
+def test_submit_gives_up_a_post_nobody_answers_at_the_first_limit(limits: list[str]) -> None:
+    """Port 9 on this host refuses connections (a real refusal): the POST is tried every poll
+    until --unreachable-timeout or --timeout, whichever comes first."""
+    code, output, took = run_cli("--url", "http://127.0.0.1:9", *limits)
+    assert code == 2, output
+    assert "service not answering (ConnectError)" in output
+    assert "did not answer for 1 s; no run id came back" in output
+    assert took < 10
+
+
+def test_submit_does_not_retry_a_url_it_cannot_use() -> None:
+    """A URL without a scheme never starts working: it fails at once, not after the limit."""
+    code, output, took = run_cli("--url", "localhost:9")
+    assert code == 2 and "unreachable or failing" in output and "not answering" not in output
+    assert took < 10
+
+
+def test_a_resent_post_carries_the_key_the_call_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake transport: a real service cannot be made to lose its answer to a POST that it
+    took. The first POST times out; the second carries the same generated Idempotency-Key (the
+    service then returns the run the first one queued)."""
+    keys: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        keys.append(request.headers["Idempotency-Key"])
+        if len(keys) == 1:
+            raise httpx.ReadTimeout("the answer was lost", request=request)
+        return httpx.Response(422, json={"detail": "stop here"})
+
+    monkeypatch.setattr(
+        "service.cli.httpx.Client", functools.partial(httpx.Client, transport=httpx.MockTransport(answer))
+    )
+    code, output, _ = run_cli("--url", "http://kvcanary")
+    assert code == 2 and "service not answering (ReadTimeout)" in output and "stop here" in output
+    assert len(keys) == 2 and keys[0] == keys[1] and keys[0].startswith("kvcanary-submit-")
