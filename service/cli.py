@@ -357,7 +357,7 @@ class _Silence:
         if left <= 0:
             return False
         pause = min(self.poll, left)
-        print(f"service not answering ({why}); asking again in {pause:g} s", file=sys.stderr)
+        print(f"service not answering ({why}); asking again in {pause:.1f} s", file=sys.stderr)
         time.sleep(pause)
         return True
 
@@ -384,7 +384,7 @@ def _post_run(client: httpx.Client, body: dict[str, object], silence: _Silence) 
                 if left <= 0:
                     return response
                 pause = min(float(header) if header.isdigit() else 5.0, MAX_RETRY_AFTER_S, left)
-                print(f"service busy ({response.status_code}); retrying in {pause:g} s", file=sys.stderr)
+                print(f"service busy ({response.status_code}); retrying in {pause:.1f} s", file=sys.stderr)
                 time.sleep(pause)
                 continue
             why = f"HTTP {response.status_code}"
