@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -362,21 +363,23 @@ class _Silence:
         return True
 
 
-def _post_run(client: httpx.Client, body: dict[str, object], silence: _Silence) -> httpx.Response | None:
-    """POST the run. While the service is busy (429, or 503 with a Retry-After), wait what it
-    names and try again until the deadline; while it does not answer (refused, timed out,
-    502-504 from a proxy: restarting), try again every poll until a limit, None after that.
-    The request carries an Idempotency-Key, so a POST that reached the service before its
-    answer was lost queues nothing twice."""
+def _answer(send: Callable[[], httpx.Response], silence: _Silence) -> httpx.Response | None:
+    """What `send()` gets once the service answers. While it is busy (429, or 503 with a
+    Retry-After), wait what it names and send again until the deadline (then its busy answer
+    is returned); while it does not answer (refused, timed out, 502-504 from a proxy: a
+    restart, which runs survive), send again every poll until a limit, None after that. A POST
+    carries the call's Idempotency-Key, so one that reached the service before its answer was
+    lost queues nothing twice."""
     while True:
         try:
-            response = client.post("/api/v1/runs", json=body)
+            response = send()
         except UNANSWERED as exc:
             why = type(exc).__name__
         else:
             header = response.headers.get("Retry-After", "")
             busy = response.status_code == 429 or (response.status_code == 503 and header.isdigit())
             if not busy and response.status_code not in RESTARTING:
+                silence.answered()
                 return response
             if busy:
                 silence.answered()
@@ -388,23 +391,6 @@ def _post_run(client: httpx.Client, body: dict[str, object], silence: _Silence) 
                 time.sleep(pause)
                 continue
             why = f"HTTP {response.status_code}"
-        if not silence.wait(why):
-            return None
-
-
-def _poll_run(client: httpx.Client, run_id: int, silence: _Silence) -> RunDetail | None:
-    """The run's detail. A service that does not answer (restarting, or killed and started
-    again: a run survives its service's restart) is asked again every poll until a limit;
-    None if it has not answered by then."""
-    while True:
-        try:
-            response = client.get(f"/api/v1/runs/{run_id}")
-            if response.status_code not in RESTARTING:
-                silence.answered()
-                return RunDetail.model_validate(response.raise_for_status().json())
-            why = f"HTTP {response.status_code}"
-        except UNANSWERED as exc:
-            why = type(exc).__name__
         if not silence.wait(why):
             return None
 
@@ -452,7 +438,7 @@ def submit(
     try:
         with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=30) as client:
             silence = _Silence(poll, unreachable_timeout, time.monotonic() + timeout)
-            response = _post_run(client, body, silence)
+            response = _answer(lambda: client.post("/api/v1/runs", json=body), silence)
             if response is None:
                 console.print(f"[red]service at {url} {silence}; no run id came back[/red]")
                 raise typer.Exit(EXIT_ERROR)
@@ -464,17 +450,18 @@ def submit(
             if not wait:
                 raise typer.Exit(EXIT_PASS)
             silence = _Silence(poll, unreachable_timeout, time.monotonic() + timeout)
+            status_path = f"/api/v1/runs/{detail.id}"
             while detail.status not in {s.value for s in FINAL}:
                 left = silence.deadline - time.monotonic()
                 if left <= 0:
                     console.print(f"[red]no verdict after {timeout:g} s; run {detail.id} is {detail.status}[/red]")
                     raise typer.Exit(EXIT_ERROR)
                 time.sleep(min(poll, left))
-                polled = _poll_run(client, detail.id, silence)
+                polled = _answer(lambda: client.get(status_path), silence)
                 if polled is None:
                     console.print(f"[red]service at {url} {silence}; run {detail.id} was {detail.status}[/red]")
                     raise typer.Exit(EXIT_ERROR)
-                detail = polled
+                detail = RunDetail.model_validate(polled.raise_for_status().json())
                 done, total = detail.progress.done, detail.progress.total
                 print(f"run {detail.id}: {detail.status} {detail.progress.phase} {done}/{total}", file=sys.stderr)
     except httpx.HTTPError as exc:

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from service.auth import Role
-from service.cli import _post_run, _Silence
+from service.cli import _answer, _Silence
 from tests.service.conftest import StartService
 
 PROFILE = "kimi-linear-48b-a3b"
@@ -61,10 +61,12 @@ def test_a_saturated_service_answers_503_with_retry_after(start_service: StartSe
     assert httpx.get(f"{service.url}/api/v1/runs").json()["total"] == created  # a 503 stored nothing
 
 
-def test_submit_waits_the_retry_after_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("method", ["POST", "GET"])
+def test_submit_waits_the_retry_after_it_is_given(monkeypatch: pytest.MonkeyPatch, method: str) -> None:
     """A fake transport: a real service cannot be made to answer 503 or 502 on a chosen
     request. Busy answers (429, 503 with a Retry-After) wait what they name; a proxy's 502 and
-    a 503 without a Retry-After (the service restarting behind it) wait one poll."""
+    a 503 without a Retry-After (the service restarting behind it) wait one poll; the same for
+    the run's POST and for a status poll."""
     answers = [
         httpx.Response(503, headers={"Retry-After": "3"}, json={"detail": "busy"}),
         httpx.Response(429, headers={"Retry-After": "1"}, json={"detail": "slow down"}),
@@ -76,6 +78,8 @@ def test_submit_waits_the_retry_after_it_is_given(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr("service.cli.time.sleep", waits.append)
     transport = httpx.MockTransport(lambda request: answers.pop(0))
     with httpx.Client(base_url="http://kvcanary", transport=transport) as client:
-        response = _post_run(client, {"profile": PROFILE}, _Silence(poll=2.0, give_up_s=60.0, deadline=float("inf")))
+        response = _answer(
+            lambda: client.request(method, "/api/v1/runs"), _Silence(poll=2.0, give_up_s=60.0, deadline=float("inf"))
+        )
     assert response is not None and response.status_code == 201
     assert waits == [3.0, 1.0, 2.0, 2.0]
