@@ -5,7 +5,8 @@
 #   scripts/gpu/gate_e2e.sh run  CARRIED OUTDIR [ROWS] on the GPU host (no network): set up, run, table
 #
 # `pack` builds the offline vLLM 0.24.0 kit (KIT_BUILDER is the kit's build.sh), kvcanary's wheel
-# and the wheels it needs beyond the kit and the host's own packages (python 3.12), and the
+# with its server and suites extras and the wheels they need beyond the kit and the host's own
+# packages (python 3.12; scripts/gpu/pack_wheels.py), and the
 # fixtures that are built rather than committed (Whisper tiny.en converted to a transformers
 # checkpoint, the 176 speech clips), cut into parts of FIXTURE_PART_BYTES (10 MB) so that
 # they fit beside the kit's parts in transfers of limited size.
@@ -26,24 +27,8 @@ pack() {
   local py=${PYTHON312:-python3.12}
   [ -x "$out/.py312/bin/python" ] || "$py" -m venv "$out/.py312"
   "$out/.py312/bin/python" -m pip install -q --upgrade pip
-  rm -rf "$out/.alldeps" "$out/wheels" && mkdir -p "$out/wheels"
-  "$out/.py312/bin/python" -m pip wheel -q -w "$out/.alldeps" "$repo"
-  # Keep kvcanary and what neither the kit nor the host already has.
-  "$out/.py312/bin/python" - "$out" "$(dirname "$builder")/host-packages.txt" <<'PY'
-import json, re, shutil, sys
-from pathlib import Path
-out, host_list = Path(sys.argv[1]), Path(sys.argv[2])
-norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()
-have = {norm(n) for n in json.loads((out / "kit/.work/closure.json").read_text())["wheels"]}
-have |= {norm(line.split("#")[0].strip()) for line in host_list.read_text().splitlines() if line.split("#")[0].strip()}
-kept = []
-for wheel in sorted((out / ".alldeps").glob("*.whl")):
-    name = norm(wheel.name.split("-")[0])
-    if name == "kvcanary" or name not in have:
-        shutil.copy(wheel, out / "wheels" / wheel.name)
-        kept.append(wheel.name)
-print(f"{len(kept)} wheels beside the kit and the host:", ", ".join(kept))
-PY
+  "$out/.py312/bin/python" "$here/pack_wheels.py" "$repo" "$out" --python "$out/.py312/bin/python" \
+    --have "$out/kit/.work/closure.json" --have "$(dirname "$builder")/host-packages.txt"
   local cache="$out/.fixtures"
   KVCANARY_CACHE_DIR="$cache" "$repo/.venv/bin/python" -c \
     "from evals import fixtures; [print(fixtures.resolve(f)) for f in ('fixture:whisper-tiny-en', 'fixture:speech-clips-varied')]"
