@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request, Response
 from service import baselines, dashboard
 from service.alerting.watcher import AlertWatcher
 from service.api import catalog, compare, errors, ops, runs, schedules, tokens
-from service.api.gate import Admission, RequestGate
+from service.api.gate import Admission, InTurn, RequestGate
 from service.db.migrate import upgrade
 from service.db.session import session_scope
 from service.profile_catalog import configured_profiles
@@ -59,8 +59,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
-    # Outermost last: admission answers before a body is read, the gate before any route runs.
+    # Outermost last: admission answers before a body is read, the gate before any route runs,
+    # and a request waits for its turn only once its body is in.
     errors.install(app)
+    app.add_middleware(InTurn, limit=settings.request_threads)
     app.add_middleware(RequestGate, limit=settings.max_body_bytes)
     app.add_middleware(Admission, limit=settings.max_in_flight)
     for router in (runs.router, catalog.router, compare.router, schedules.router, tokens.router):
