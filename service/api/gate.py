@@ -133,7 +133,8 @@ class InTurn:
     then closing its session), and the pool serves trips first come, first served. Let 1,000
     requests in at once and every one of them makes its first trip before any makes its
     second, so no reply leaves until the burst is nearly done. With as many requests inside as
-    there are threads, each one goes straight through, and replies leave as runs commit.
+    there are threads, each one goes straight through, and replies leave as runs commit. A turn
+    ends when the answer starts: a client slow to read it holds no turn.
     """
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
@@ -144,5 +145,18 @@ class InTurn:
         if scope["type"] != "http" or not scope.get("path", "").startswith("/api/"):
             await self.app(scope, receive, send)
             return
-        async with self.turns:
-            await self.app(scope, receive, send)
+        await self.turns.acquire()
+        holding = True
+
+        async def answer(message: Message) -> None:
+            nonlocal holding
+            if holding and message["type"] == "http.response.start":
+                holding = False
+                self.turns.release()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, answer)
+        finally:
+            if holding:
+                self.turns.release()

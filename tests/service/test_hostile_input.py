@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from service.auth import Role
 from service.db.migrate import upgrade
@@ -286,10 +286,13 @@ def test_a_stored_lone_surrogate_is_shown_escaped_and_an_admin_deletes_the_run(s
         row = session.get(Run, run_id)
         assert row is not None
         row.run_dir = str(folder)
+        # bytes that are not UTF-8 in a TEXT column, as another tool could write them
+        session.execute(text("UPDATE runs SET error = CAST(X'6f6bff' AS TEXT) WHERE id = :id"), {"id": run_id})
     listed = httpx.get(f"{service.url}/api/v1/runs", params={"limit": 500})
     assert listed.status_code == 200, listed.text
     assert {"hostile": "x\\ud800y"} in [run["labels"] for run in listed.json()["items"]]
-    assert httpx.get(f"{service.url}/api/v1/runs/{run_id}").json()["labels"] == {"hostile": "x\\ud800y"}
+    detail = httpx.get(f"{service.url}/api/v1/runs/{run_id}").json()
+    assert (detail["labels"], detail["error"]) == ({"hostile": "x\\ud800y"}, "ok\\xff")
     for page in ("/runs", f"/runs/{run_id}"):
         answer = httpx.get(service.url + page)
         assert answer.status_code == 200 and "x\\ud800y" in answer.text, page
