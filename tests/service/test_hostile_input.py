@@ -19,10 +19,10 @@ from sqlalchemy import select, text
 
 from service.auth import Role
 from service.db.migrate import upgrade
-from service.db.models import AuditEvent, Baseline, Run
+from service.db.models import AlertCheck, AuditEvent, Baseline, Run, RunEvent, Sample, SuiteResult
 from service.db.session import session_scope
 from service.profiles import BaselineSpec, ScheduleSpec
-from service.runs import queue
+from service.runs import queue, removal
 from service.scheduling.schemas import ScheduleUpdate
 from service.schemas import BaselineUpdate
 from tests.service.conftest import LiveService, bearer
@@ -367,3 +367,39 @@ def test_profiles_and_schedules_refuse_text_they_could_not_store() -> None:
     ):
         with pytest.raises(ValidationError, match=r"NUL|lone surrogate"):
             make()
+
+
+def test_deleting_a_run_takes_its_rows_and_keeps_an_audit_event(database_url: str) -> None:
+    """On SQLite and PostgreSQL: samples, results, events and alert checks go with the run (the
+    database's cascades); the audit event stays."""
+    with session_scope(database_url) as session:
+        run, _ = queue.enqueue(
+            session,
+            profile=PROFILE,
+            trigger="ci",
+            triggered_by="ci",
+            labels={"a": "b"},
+            overrides={},
+            variants=[],
+            max_attempts=1,
+        )
+        session.flush()
+        queue.request_cancel(session, run, "test")
+        session.add_all(
+            [
+                Sample(run_id=run.id, arm="fixed", suite="gsm8k", key="0", prompt_hash="h"),
+                SuiteResult(run_id=run.id, arm="fixed", suite="gsm8k", metric="strict-match", value=0.5, n=1),
+                AlertCheck(run_id=run.id),
+            ]
+        )
+        run_id = run.id
+    with session_scope(database_url) as session:
+        with pytest.raises(removal.RunNotFound):
+            removal.delete_run(session, run_id + 1000, "token admin")
+        event = removal.delete_run(session, run_id, "token admin")
+    with session_scope(database_url, write=False) as session:
+        assert session.get(Run, run_id) is None
+        for model in (Sample, SuiteResult, RunEvent, AlertCheck):
+            assert session.scalars(select(model).where(model.run_id == run_id)).all() == [], model
+        kept = session.get(AuditEvent, event.id)
+        assert kept is not None and kept.detail["labels"] == {"a": "b"} and kept.target == f"run {run_id}"
