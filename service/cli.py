@@ -23,9 +23,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from service.report import cli_console, print_run, write_junit
 from service.roles import Role
+from service.runs.cli import app as runs_app
 from service.runs.state import FINAL
 from service.scheduling.cli import app as schedules_app
-from service.schemas import RunDetail, parse_label_pairs
+from service.schemas import RunDetail, check_labels, parse_label_pairs
 
 if TYPE_CHECKING:
     from service.profile_catalog import Catalog
@@ -40,14 +41,17 @@ app.add_typer(tokens_app, name="tokens")
 app.add_typer(baselines_app, name="baselines")
 app.add_typer(profiles_app, name="profiles")
 app.add_typer(schedules_app, name="schedules")
+app.add_typer(runs_app, name="runs")
 
 console = cli_console()
 EXIT_PASS, EXIT_REGRESSION, EXIT_ERROR = 0, 1, 2
 
 
 def _labels(pairs: list[str]) -> dict[str, str]:
+    """`--label` options as the API checks them: NUL, a lone surrogate (a non-UTF-8 argv byte) and
+    bad keys are refused here, for `run` (which stores them directly) as for `submit`."""
     try:
-        return parse_label_pairs(pairs)
+        return check_labels(parse_label_pairs(pairs))
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
 
@@ -256,6 +260,7 @@ def run(
     from service.runs.worker import new_worker_id
     from service.settings import get_settings
 
+    labels = _labels(label or [])
     settings = get_settings()
     url = _prepared_db()
     try:
@@ -284,7 +289,7 @@ def run(
             profile=profile,
             trigger="manual",
             triggered_by=os.environ.get("USER", "cli"),
-            labels=_labels(label or []),
+            labels=labels,
             overrides=overrides.model_dump(exclude_none=True),
             variants=[],
             max_attempts=1,

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from evals import suites as suite_registry
 from evals.suites.base import SuiteConfig
 from service.scheduling.cron import validate as validate_cron
+from service.text import storable
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 Variant = Literal["fixed", "legacy", "stock"]
@@ -67,14 +68,14 @@ class BaselineSpec(Strict):
     value: float | None = None
     direction: Literal["higher", "lower"] = "higher"
     tolerance: Tolerance = Field(default_factory=Tolerance)
-    source: str = ""
+    source: Annotated[str, AfterValidator(storable)] = ""
 
 
 class ScheduleSpec(Strict):
     cron: str
     timezone: str = "UTC"
     enabled: bool = False
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, Annotated[str, AfterValidator(storable)]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _cron_valid(self) -> ScheduleSpec:

@@ -9,11 +9,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from service.profiles import NAME_PATTERN, Profile, RunOverrides, Variant
+from service.text import storable, text_problem
 
 if TYPE_CHECKING:  # the client parses these documents without the server's database layer
     from service.db.models import Run, SuiteResult
@@ -49,6 +50,9 @@ def check_labels(labels: dict[str, str]) -> dict[str, str]:
             raise ValueError(f"label key {key!r} must match {LABEL_KEY}")
         if len(value) > MAX_LABEL_VALUE or any(ord(c) < 32 for c in value):
             raise ValueError(f"label {key!r}: at most {MAX_LABEL_VALUE} printable characters")
+        problem = text_problem(value)
+        if problem:
+            raise ValueError(f"label {key!r}: {problem}")
     return labels
 
 
@@ -288,7 +292,7 @@ class BaselineUpdate(BaseModel):
     direction: Literal["higher", "lower"] | None = None
     tolerance_kind: Literal["absolute", "relative"] | None = None
     tolerance: float | None = Field(None, ge=0, le=10)
-    source: str | None = Field(None, max_length=1000)
+    source: Annotated[str, AfterValidator(storable)] | None = Field(None, max_length=1000)
     reference_run_id: int | None = Field(None, ge=1, le=INT64_MAX)
 
     @model_validator(mode="after")

@@ -33,6 +33,7 @@ _DESCRIPTIONS = {
     404: "No such run, profile or token",
     409: "The Idempotency-Key was used before with a different request",
     413: "The request body is over the size limit",
+    415: "The body is not UTF-8 JSON under exactly one JSON Content-Type",
     422: "The request is malformed or names something that cannot be used",
     429: "Too many requests in flight; retry after the seconds in Retry-After",
     503: "The service is saturated; retry after the seconds in Retry-After",
@@ -45,7 +46,10 @@ def documented(*codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses` for these statuses, each with the body the service really sends."""
     out: dict[int | str, dict[str, Any]] = {}
     for code in codes:
-        entry: dict[str, Any] = {"model": Unprocessable if code == 422 else Problem, "description": _DESCRIPTIONS[code]}
+        entry: dict[str, Any] = {
+            "model": Unprocessable if code in (415, 422) else Problem,
+            "description": _DESCRIPTIONS[code],
+        }
         if code in (429, 503):
             entry["headers"] = _RETRY_AFTER
         out[code] = entry
@@ -53,7 +57,7 @@ def documented(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 # What any API route may answer before its own code runs: auth, the request gate, admission.
-API_ERRORS = documented(401, 403, 413, 422, 503)
+API_ERRORS = documented(401, 403, 413, 415, 422, 503)
 
 
 def not_found(what: str) -> HTTPException:

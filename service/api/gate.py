@@ -1,106 +1,37 @@
 """What the service lets in: bounded bodies, text it can store, numbers it can store, and no more
-requests in flight than it can answer in time.
+requests in flight than it can answer in time, served in the order they came.
 
-Checked once at the door for every route, so no handler, database driver or page renderer
-ever meets a lone surrogate, a NUL, NaN, an infinity or an integer past 64 bits. SQLite
-would store some of these and then fail every later read of the row; PostgreSQL refuses
-them with a driver error; either way a 500 that the caller cannot act on.
+Checked at the door, so no handler, database driver or page renderer ever meets a lone
+surrogate, a NUL, NaN, an infinity or an integer past 64 bits. SQLite would store some of these
+and then fail every later read of the row; PostgreSQL refuses them with a driver error; either
+way a 500 that the caller cannot act on. What a body must be is in `service.api.body`.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
-from urllib.parse import unquote_to_bytes
 
+import anyio
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.schemas import INT64_MAX
-
-INT64_MIN = -INT64_MAX - 1
-
-
-class Unstorable(ValueError):
-    """A value the database cannot keep; `loc` says where in the body it sits."""
-
-    def __init__(self, loc: list[str | int], msg: str) -> None:
-        super().__init__(msg)
-        self.loc = loc
-        self.msg = msg
-
-
-def _constant(name: str) -> Any:
-    raise Unstorable([], f"{name} is not a number JSON can carry; send a finite number")
-
-
-def _float(text: str) -> float:
-    value = float(text)
-    if value in (float("inf"), float("-inf")):
-        raise Unstorable([], f"{text} is out of range for a 64-bit float")
-    return value
-
-
-def _int(text: str) -> int:
-    if len(text.lstrip("-")) > 19 or not INT64_MIN <= int(text) <= INT64_MAX:
-        raise Unstorable([], f"{text[:40]} is out of range for a 64-bit integer")
-    return int(text)
-
-
-def text_problem(text: str) -> str | None:
-    """Why `text` cannot be stored and served as UTF-8 on both databases, or None."""
-    if "\x00" in text:
-        return "text may not contain NUL (\\u0000)"
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return "text is not valid Unicode (a lone surrogate such as \\ud800)"
-    return None
-
-
-def _walk(value: Any, loc: list[str | int]) -> None:
-    if isinstance(value, str):
-        problem = text_problem(value)
-        if problem:
-            raise Unstorable(loc, problem)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            problem = text_problem(key)
-            if problem:
-                raise Unstorable(loc, f"key: {problem}")
-            _walk(item, [*loc, key])
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            _walk(item, [*loc, index])
-
-
-def check_json(body: bytes) -> None:
-    """Raise Unstorable for storable-looking JSON that is not; leave malformed JSON to FastAPI."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise Unstorable(["body"], f"the body is not UTF-8 (byte {exc.start})") from exc
-    try:
-        document = json.loads(text, parse_constant=_constant, parse_float=_float, parse_int=_int)
-    except Unstorable as exc:
-        raise Unstorable(["body"], exc.msg) from exc
-    except ValueError:
-        return  # not JSON at all: FastAPI answers it with its own 422
-    _walk(document, ["body"])
+from service.api.body import Refusal, check_body, check_target
 
 
 def _refusal(status_code: int, detail: Any, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"detail": detail}, status_code=status_code, headers=headers)
 
 
-def _is_json(scope: Scope) -> bool:
-    content_type = dict(scope.get("headers") or []).get(b"content-type", b"").split(b";")[0].strip().lower()
-    return content_type in (b"", b"application/json") or content_type.endswith(b"+json")
+class _Refused(Exception):
+    """Raised into the route that read a refused body; the gate has answered already."""
 
 
 class RequestGate:
-    """Reads the whole body (413 over `limit`, declared or chunked), then refuses with 422 any
-    NUL in the path or query and any JSON text or number that cannot be stored."""
+    """Reads the whole body (413 over `limit`, declared or chunked) and refuses with 422 a path or
+    query that is not UTF-8 or holds a NUL. The body is checked when a route reads it, and only
+    then (`service.api.body.check_body`): a route that takes no body never parses one, however
+    deep it nests. A refused body is answered here (415 or 422), and the route reading it stops.
+    """
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -114,6 +45,11 @@ class RequestGate:
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             await too_large(scope, receive, send)
+            return
+        try:
+            check_target(scope)
+        except Refusal as problem:
+            await _refusal(problem.status, problem.detail())(scope, receive, send)
             return
         chunks: list[bytes] = []
         size = 0
@@ -130,33 +66,35 @@ class RequestGate:
             chunks.append(chunk)
             more = message.get("more_body", False)
         body = b"".join(chunks)
-        problem = self._problem(scope, body)
-        if problem is not None:
-            await _refusal(422, [{"loc": problem.loc, "msg": problem.msg, "type": "value_error"}])(scope, receive, send)
-            return
-        replayed = False
+        replayed = started = answered = False
 
         async def replay() -> Message:
-            nonlocal replayed
+            nonlocal replayed, answered
             if replayed:
                 return await receive()
             replayed = True
+            if body:
+                try:
+                    check_body(scope, body)
+                except Refusal as problem:
+                    if not started:
+                        answered = True
+                        await _refusal(problem.status, problem.detail())(scope, receive, send)
+                    raise _Refused(problem.msg) from None
             return {"type": "http.request", "body": body, "more_body": False}
 
-        await self.app(scope, replay, send)
+        async def guarded_send(message: Message) -> None:
+            """The route's own answer, unless the gate has answered for it."""
+            nonlocal started
+            if answered:
+                return
+            started = True
+            await send(message)
 
-    @staticmethod
-    def _problem(scope: Scope, body: bytes) -> Unstorable | None:
-        if "\x00" in scope.get("path", ""):
-            return Unstorable(["path"], "the path may not contain NUL")
-        if b"\x00" in unquote_to_bytes(scope.get("query_string", b"")):
-            return Unstorable(["query"], "the query may not contain NUL (%00)")
-        if body and _is_json(scope):
-            try:
-                check_json(body)
-            except Unstorable as exc:
-                return exc
-        return None
+        try:
+            await self.app(scope, replay, guarded_send)
+        except _Refused:
+            return
 
 
 class Admission:
@@ -186,3 +124,39 @@ class Admission:
             await self.app(scope, receive, send)
         finally:
             self.in_flight -= 1
+
+
+class InTurn:
+    """API requests are served `limit` at a time, in the order they came; the rest wait here.
+
+    A request takes several trips through the thread pool (its token check, then its handler,
+    then closing its session), and the pool serves trips first come, first served. Let 1,000
+    requests in at once and every one of them makes its first trip before any makes its
+    second, so no reply leaves until the burst is nearly done. With as many requests inside as
+    there are threads, each one goes straight through, and replies leave as runs commit. A turn
+    ends when the answer starts: a client slow to read it holds no turn.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.turns = anyio.Semaphore(limit)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope.get("path", "").startswith("/api/"):
+            await self.app(scope, receive, send)
+            return
+        await self.turns.acquire()
+        holding = True
+
+        async def answer(message: Message) -> None:
+            nonlocal holding
+            if holding and message["type"] == "http.response.start":
+                holding = False
+                self.turns.release()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, answer)
+        finally:
+            if holding:
+                self.turns.release()

@@ -1,4 +1,4 @@
-"""Runs: trigger, list, read, samples, cancel. Thin: parse, authorize, call one function."""
+"""Runs: trigger, list, read, samples, cancel, delete. Thin: parse, authorize, call one function."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, 
 
 from service.api.deps import (
     CI,
+    Admin,
     Caller,
     Offset,
     ProfilesDep,
@@ -20,11 +21,11 @@ from service.api.deps import (
     WriterDep,
     run_or_404,
 )
-from service.api.errors import documented, not_found, unprocessable
+from service.api.errors import Problem, documented, not_found, unprocessable
 from service.db.models import Run
 from service.engine.gpus import refusal
 from service.profiles import ProfileError, apply_overrides
-from service.runs import queries, queue
+from service.runs import queries, queue, removal
 from service.schemas import (
     LABEL_KEY,
     MAX_LABEL_FILTERS,
@@ -171,3 +172,27 @@ def cancel_run(run_id: RunId, request: Request, caller: CI, writer: WriterDep) -
         queue.request_cancel(session, run, caller.name)
         session.flush()
         return queries.run_detail(session, run, _base_url(request))
+
+
+@router.delete(
+    "/{run_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    responses={
+        **documented(404),
+        409: {"model": Problem, "description": "The run has not ended (cancel it first) or is a baseline's reference"},
+    },
+)
+def delete_run(run_id: RunId, caller: Admin, writer: WriterDep, settings: SettingsDep) -> Response:
+    """Delete an ended run with its samples, results and folder; an audit event records it.
+
+    A queued or running run is refused with 409: cancel it, then delete it once it has ended.
+    """
+    try:
+        with writer() as session:
+            event = removal.delete_run(session, run_id, f"token {caller.name}")
+    except removal.RunNotFound as exc:
+        raise not_found(str(exc)) from exc
+    except removal.RunInUse as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
+    removal.remove_folder(event, settings.runs_dir())
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -248,3 +248,16 @@ class AlertCheck(Base):
     checked_at: Mapped[datetime] = mapped_column(default=utcnow)
     checked_by: Mapped[str] = mapped_column(String(128), default="")
     outcome: Mapped[str] = mapped_column(Text, default="")
+
+
+class AuditEvent(Base):
+    """An admin action kept on its own: no foreign key, so the record of deleting a run outlives it."""
+
+    __tablename__ = "audit_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    actor: Mapped[str] = mapped_column(String(128))
+    action: Mapped[str] = mapped_column(String(32))
+    target: Mapped[str] = mapped_column(String(64))
+    detail: Mapped[dict[str, Any]] = mapped_column(default=dict)

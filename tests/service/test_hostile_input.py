@@ -7,14 +7,24 @@ One service serves the whole module (each test uses its own names, keys and toke
 from __future__ import annotations
 
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from pydantic import ValidationError
+from sqlalchemy import select, text
 
 from service.auth import Role
 from service.db.migrate import upgrade
+from service.db.models import AlertCheck, AuditEvent, Baseline, Run, RunEvent, Sample, SuiteResult
+from service.db.session import session_scope
+from service.profiles import BaselineSpec, ScheduleSpec
+from service.runs import queue, removal
+from service.scheduling.schemas import ScheduleUpdate
+from service.schemas import BaselineUpdate
 from tests.service.conftest import LiveService, bearer
 
 PROFILE = "kimi-linear-48b-a3b"
@@ -155,3 +165,241 @@ def test_openapi_documents_errors_as_they_are_sent(service: LiveService) -> None
     # the service's own 422s carry one sentence; the schema says so beside FastAPI's list
     detail = spec["components"]["schemas"]["Unprocessable"]["properties"]["detail"]
     assert {"string", "array"} == {option.get("type") for option in detail["anyOf"]}
+
+
+# The request gate reads each body once, with the bytes and the one Content-Type FastAPI parses.
+
+SURROGATE_LABEL = '{"profile": "$P", "labels": {"hostile": "x\\ud800"}}'
+
+
+def _hostile_runs(service: LiveService) -> list[dict[str, object]]:
+    runs = httpx.get(f"{service.url}/api/v1/runs", params={"limit": 500})
+    assert runs.status_code == 200, runs.text
+    return [run for run in runs.json()["items"] if "hostile" in run["labels"]]
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be"])
+def test_json_in_utf16_or_utf32_without_bom_is_refused(service: LiveService, encoding: str) -> None:
+    ci, admin = bearer(service.token(Role.CI)), bearer(service.token(Role.ADMIN))
+    body = as_written(SURROGATE_LABEL).encode(encoding)
+    answer = httpx.post(f"{service.url}/api/v1/runs", content=body, headers={**ci, **JSON})
+    assert answer.status_code == 415 and "UTF-8" in answer.text, answer.text
+    schedule = as_written('{"name": "evil", "profile": "$P", "cron": "0 3 * * *", "labels": {"a": "x\\ud800"}}')
+    answer = httpx.put(f"{service.url}/api/v1/schedules", content=schedule.encode(encoding), headers={**admin, **JSON})
+    assert answer.status_code == 415, answer.text
+    assert _hostile_runs(service) == []
+    for path in ("/api/v1/schedules", "/runs"):
+        assert httpx.get(service.url + path).status_code == 200, path
+
+
+def test_a_body_needs_exactly_one_json_content_type(service: LiveService) -> None:
+    ci = bearer(service.token(Role.CI))
+    body = as_written(SURROGATE_LABEL).encode()
+    for types in (["application/json", "text/plain"], ["text/plain", "application/json"], []):
+        headers = [*ci.items(), *(("Content-Type", value) for value in types)]
+        answer = httpx.post(f"{service.url}/api/v1/runs", content=body, headers=headers)
+        assert answer.status_code == 415 and "exactly one Content-Type" in answer.text, (types, answer.text)
+    for content_type, body, status in (
+        ("text/plain", b"\xff\xfe not UTF-8", 415),  # FastAPI's validation-error handler used to fail on it: 500
+        ("application/json; charset=utf-16", b'{"profile": "x"}', 415),
+        ("application/json", b'\xef\xbb\xbf{"profile": "x"}', 415),  # a byte order mark
+        ("application/json", b'{"profile": ', 422),
+        ("application/x-www-form-urlencoded", b"profile=x", 415),  # forms only outside the API
+    ):
+        answer = httpx.post(f"{service.url}/api/v1/runs", content=body, headers={**ci, "Content-Type": content_type})
+        assert answer.status_code == status, (content_type, body, answer.text)
+        assert answer.json()["detail"][0]["msg"], answer.text
+    assert _hostile_runs(service) == []
+    assert httpx.get(f"{service.url}/runs").status_code == 200
+
+
+def test_deep_nesting_is_refused_only_where_a_body_is_read(service: LiveService) -> None:
+    """2 KB of nested arrays used to raise RecursionError in the gate on every route, /healthz
+    included: a 500 and a long traceback per request. A route that reads no body ignores it."""
+    deep = {"Content-Type": "application/json"}
+    body = "[" * 1000 + "]" * 1000
+    log = service.data_dir / "serve.log"
+    logged = log.stat().st_size
+    assert httpx.request("GET", f"{service.url}/healthz", content=body, headers=deep).status_code == 200
+    assert httpx.request("GET", f"{service.url}/login", content=body, headers=deep).status_code == 200
+    assert httpx.request("GET", f"{service.url}/api/v1/runs", content=body, headers=deep).status_code == 200
+    for method, path, headers in (
+        ("POST", "/login", deep),
+        ("POST", "/api/v1/runs", deep),
+        ("POST", "/api/v1/runs", {**deep, **bearer(service.token(Role.CI))}),
+    ):
+        answer = httpx.request(method, service.url + path, content=body, headers=headers)
+        assert answer.status_code == 422 and "deeper than 32 levels" in answer.text, (path, answer.text)
+    shallow = as_written('{"profile": "$P", "labels": {"hostile": "ok"}, "overrides": {"limit": [[[[1]]]]}}')
+    answer = httpx.post(
+        f"{service.url}/api/v1/runs", content=shallow, headers={**deep, **bearer(service.token(Role.CI))}
+    )
+    assert answer.status_code == 422 and "deeper" not in answer.text, answer.text  # the schema's own 422
+    assert "Traceback" not in log.read_bytes()[logged:].decode(errors="replace")
+
+
+def test_paths_and_queries_that_are_not_utf8_are_refused(service: LiveService) -> None:
+    for path in ("/api/v1/runs?label=a%ED%A0%80%3D1", "/runs?label=a%FF%3D1", "/api/v1/runs?profile=%C0%80"):
+        answer = httpx.get(service.url + path)
+        assert answer.status_code == 422 and "not UTF-8" in answer.text, (path, answer.text)
+    assert httpx.get(f"{service.url}/api/v1/runs?label=git_sha%3D%C3%A9").status_code == 200
+
+
+def test_login_form_still_posts(service: LiveService) -> None:
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    answer = httpx.post(f"{service.url}/login", content=b"token=nope&next=%2Fruns", headers=form)
+    assert answer.status_code == 401 and "unknown or revoked" in answer.text
+    answer = httpx.post(f"{service.url}/login", content=b"token=%FF&next=%2Fruns", headers=form)
+    assert answer.status_code == 422 and "not UTF-8" in answer.text, answer.text
+
+
+# Defence in depth: a string stored before the gate refused it is shown escaped, and an admin
+# can delete the run that holds it.
+
+
+def _stored_run(service: LiveService, labels: dict[str, str], *, ended: bool = True) -> int:
+    """A run written straight to the database: the API now refuses these labels, yet a database
+    filled by an older version may hold them."""
+    with session_scope(service.database_url) as session:
+        run, _ = queue.enqueue(
+            session,
+            profile=PROFILE,
+            trigger="ci",
+            triggered_by="older-version",
+            labels=labels,
+            overrides={},
+            variants=[],
+            max_attempts=1,
+        )
+        session.flush()
+        if ended:
+            queue.request_cancel(session, run, "test")
+        return run.id
+
+
+def test_a_stored_lone_surrogate_is_shown_escaped_and_an_admin_deletes_the_run(service: LiveService) -> None:
+    run_id = _stored_run(service, {"hostile": "x\ud800y"})
+    folder = service.data_dir / "runs" / str(run_id)
+    folder.mkdir(parents=True)
+    (folder / "engine.log").write_text("log")
+    with session_scope(service.database_url) as session:
+        row = session.get(Run, run_id)
+        assert row is not None
+        row.run_dir = str(folder)
+        # bytes that are not UTF-8 in a TEXT column, as another tool could write them
+        session.execute(text("UPDATE runs SET error = CAST(X'6f6bff' AS TEXT) WHERE id = :id"), {"id": run_id})
+    listed = httpx.get(f"{service.url}/api/v1/runs", params={"limit": 500})
+    assert listed.status_code == 200, listed.text
+    assert {"hostile": "x\\ud800y"} in [run["labels"] for run in listed.json()["items"]]
+    detail = httpx.get(f"{service.url}/api/v1/runs/{run_id}").json()
+    assert (detail["labels"], detail["error"]) == ({"hostile": "x\\ud800y"}, "ok\\xff")
+    for page in ("/runs", f"/runs/{run_id}"):
+        answer = httpx.get(service.url + page)
+        assert answer.status_code == 200 and "x\\ud800y" in answer.text, page
+
+    ci, admin = bearer(service.token(Role.CI)), bearer(service.token(Role.ADMIN, "repairer"))
+    assert httpx.delete(f"{service.url}/api/v1/runs/{run_id}", headers=ci).status_code == 403
+    assert httpx.delete(f"{service.url}/api/v1/runs/{run_id}").status_code == 401
+    assert httpx.delete(f"{service.url}/api/v1/runs/{run_id}", headers=admin).status_code == 204
+    assert httpx.get(f"{service.url}/api/v1/runs/{run_id}").status_code == 404
+    assert httpx.delete(f"{service.url}/api/v1/runs/{run_id}", headers=admin).status_code == 404
+    assert not folder.exists()
+    with session_scope(service.database_url, write=False) as session:
+        event = session.scalars(select(AuditEvent).where(AuditEvent.target == f"run {run_id}")).one()
+        assert (event.actor, event.action) == ("token repairer", "run.delete")
+        assert event.detail["labels"] == {"hostile": "x\\ud800y"} and event.detail["status"] == "cancelled"
+
+
+def test_a_run_that_has_not_ended_or_is_a_reference_is_not_deleted(service: LiveService) -> None:
+    admin = bearer(service.token(Role.ADMIN))
+    queued = _stored_run(service, {"hostile": "queued"}, ended=False)
+    answer = httpx.delete(f"{service.url}/api/v1/runs/{queued}", headers=admin)
+    assert answer.status_code == 409 and "cancel it first" in answer.json()["detail"], answer.text
+    assert httpx.post(f"{service.url}/api/v1/runs/{queued}/cancel", headers=admin).status_code == 200
+    assert httpx.delete(f"{service.url}/api/v1/runs/{queued}", headers=admin).status_code == 204
+
+    reference = _stored_run(service, {"hostile": "reference"})
+    with session_scope(service.database_url) as session:
+        run = session.get(Run, reference)
+        assert run is not None
+        run.status = "passed"
+        baseline = session.scalars(select(Baseline).where(Baseline.profile == PROFILE)).first()
+        assert baseline is not None  # seeded from the profile
+        baseline.reference_run_id = reference
+    answer = httpx.delete(f"{service.url}/api/v1/runs/{reference}", headers=admin)
+    assert answer.status_code == 409 and "reference of baseline" in answer.json()["detail"], answer.text
+    assert httpx.get(f"{service.url}/api/v1/runs/{reference}").status_code == 200
+
+
+def test_cli_deletes_an_ended_run_and_refuses_a_queued_one(service: LiveService) -> None:
+    ended, queued = _stored_run(service, {"hostile": "cli"}), _stored_run(service, {"hostile": "cli"}, ended=False)
+    kvcanary = [sys.executable, "-m", "service", "runs", "delete"]
+    done = subprocess.run([*kvcanary, str(ended)], env=service.env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and f"deleted run {ended}" in done.stdout, done.stdout + done.stderr
+    refused = subprocess.run([*kvcanary, str(queued)], env=service.env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "cancel it first" in refused.stdout, refused.stdout + refused.stderr
+    assert httpx.get(f"{service.url}/api/v1/runs/{ended}").status_code == 404
+    assert httpx.get(f"{service.url}/api/v1/runs/{queued}").status_code == 200
+
+
+@pytest.mark.parametrize("command", ["submit", "run"])
+def test_cli_refuses_labels_it_could_not_store(service: LiveService, command: str) -> None:
+    """A label given as bytes that are not UTF-8 reaches Python as a lone surrogate."""
+    argv = [sys.executable.encode(), b"-m", b"service", command.encode()]
+    if command == "submit":
+        argv += [b"--url", service.url.encode(), b"--profile", PROFILE.encode()]
+    else:
+        argv += [PROFILE.encode()]
+    env = {**service.env, "KVCANARY_TOKEN": service.token(Role.CI)}
+    done = subprocess.run([*argv, b"--label", b"hostile=x\xff"], env=env, capture_output=True, timeout=60)
+    output = (done.stdout + done.stderr).decode(errors="replace")
+    assert done.returncode == 2 and "lone surrogate" in output, output
+    assert "x\\udcff" not in [run["labels"]["hostile"] for run in _hostile_runs(service)]
+
+
+def test_profiles_and_schedules_refuse_text_they_could_not_store() -> None:
+    for make in (
+        lambda: BaselineSpec(source="PR \x00 47671"),
+        lambda: BaselineSpec(source="PR \ud800"),
+        lambda: ScheduleSpec(cron="0 3 * * *", labels={"a": "\ud800"}),
+        lambda: ScheduleUpdate(name="nightly", labels={"a": "x\ud800"}),
+        lambda: BaselineUpdate(profile=PROFILE, suite="gsm8k", metric="strict-match", source="\ud800"),
+    ):
+        with pytest.raises(ValidationError, match=r"NUL|lone surrogate"):
+            make()
+
+
+def test_deleting_a_run_takes_its_rows_and_keeps_an_audit_event(database_url: str) -> None:
+    """On SQLite and PostgreSQL: samples, results, events and alert checks go with the run (the
+    database's cascades); the audit event stays."""
+    with session_scope(database_url) as session:
+        run, _ = queue.enqueue(
+            session,
+            profile=PROFILE,
+            trigger="ci",
+            triggered_by="ci",
+            labels={"a": "b"},
+            overrides={},
+            variants=[],
+            max_attempts=1,
+        )
+        session.flush()
+        queue.request_cancel(session, run, "test")
+        session.add_all(
+            [
+                Sample(run_id=run.id, arm="fixed", suite="gsm8k", key="0", prompt_hash="h"),
+                SuiteResult(run_id=run.id, arm="fixed", suite="gsm8k", metric="strict-match", value=0.5, n=1),
+                AlertCheck(run_id=run.id),
+            ]
+        )
+        run_id = run.id
+    with session_scope(database_url) as session:
+        with pytest.raises(removal.RunNotFound):
+            removal.delete_run(session, run_id + 1000, "token admin")
+        event = removal.delete_run(session, run_id, "token admin")
+    with session_scope(database_url, write=False) as session:
+        assert session.get(Run, run_id) is None
+        for model in (Sample, SuiteResult, RunEvent, AlertCheck):
+            assert session.scalars(select(model).where(model.run_id == run_id)).all() == [], model
+        kept = session.get(AuditEvent, event.id)
+        assert kept is not None and kept.detail["labels"] == {"a": "b"} and kept.target == f"run {run_id}"
