@@ -72,6 +72,10 @@ class Run(Base):
     status: Mapped[str] = mapped_column(String(24), index=True)
     trigger: Mapped[str] = mapped_column(String(16), index=True)
     triggered_by: Mapped[str] = mapped_column(String(128), default="")
+    # The API token that queued it (None: the CLI, the scheduler, or before tokens were recorded).
+    triggered_by_token_id: Mapped[int | None] = mapped_column(
+        ForeignKey("api_tokens.id", ondelete="SET NULL", name="fk_runs_triggered_by_token_id")
+    )
     labels: Mapped[dict[str, Any]] = mapped_column(JSON().with_variant(JSONB(), "postgresql"), default=dict)
     overrides: Mapped[dict[str, Any]] = mapped_column(default=dict)
     variants: Mapped[list[Any]] = mapped_column(default=list)
@@ -216,6 +220,7 @@ class ScheduleFire(Base):
 
 class ApiToken(Base):
     __tablename__ = "api_tokens"
+    __table_args__ = (UniqueConstraint("name", name="uq_api_tokens_name"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(128))
@@ -225,6 +230,22 @@ class ApiToken(Base):
     last_used_at: Mapped[datetime | None] = mapped_column()
     expires_at: Mapped[datetime | None] = mapped_column()
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class DashboardSession(Base):
+    """A dashboard login: the cookie holds a random secret, this row only its hash.
+
+    It ends at `expires_at`, when the reader logs out (the row is deleted), or when its
+    token is revoked or expires (a lookup joins the token and checks both).
+    """
+
+    __tablename__ = "dashboard_sessions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    token_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column()
 
 
 class RunEvent(Base):

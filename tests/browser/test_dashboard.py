@@ -246,8 +246,9 @@ def test_login_form_when_reads_need_a_token(page: Page, tmp_path: Path, shoot: S
         page.get_by_role("button", name="Log in").click()
         expect(page).to_have_url(f"{service.url}/profiles")
         expect(page.locator("header .who")).to_contain_text("release-manager")
-        cookie = next(c for c in page.context.cookies() if c["name"] == "kvcanary_token")
+        cookie = next(c for c in page.context.cookies() if c["name"] == "kvcanary_session")
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert cookie["value"] != viewer  # a session id, never the token itself
         page.goto(f"{service.url}/runs")
         expect(page.locator("#live-status")).to_contain_text("Live: updated", timeout=LIVE_WAIT_MS)
         page.goto(f"{service.url}/runs/{seeded.candidate}")
@@ -256,6 +257,8 @@ def test_login_form_when_reads_need_a_token(page: Page, tmp_path: Path, shoot: S
         page.get_by_role("button", name="Log out").click()
         page.goto(f"{service.url}/runs")
         expect(page).to_have_url(re.compile(r"/login"))
+        copied = httpx.get(f"{service.url}/api/v1/runs", cookies={"kvcanary_session": cookie["value"]})
+        assert copied.status_code == 401  # logout ended the session on the server, not only here
         page.goto(f"{service.url}/login?next=//evil.example.com/")
         page.locator("#token").fill(viewer)
         page.get_by_role("button", name="Log in").click()

@@ -162,7 +162,7 @@ def test_reads_need_a_token_when_configured(settings: Settings) -> None:
         with session_scope(closed.resolved_database_url()) as session:
             viewer = create_token(session, "reader", Role.VIEWER)
         assert client.get(f"/api/v1/runs/{a}/diff/{a}").status_code == 401
-        client.cookies.set("kvcanary_token", viewer)
+        assert client.post("/login", data={"token": viewer}, follow_redirects=False).status_code == 303
         assert client.get(f"/api/v1/runs/{a}/diff/{a}").status_code == 200
 
 
