@@ -94,8 +94,10 @@ def serve(
     import uvicorn
 
     from service.app import create_app
+    from service.private_files import keep_private
     from service.settings import get_settings
 
+    keep_private()  # run folders, logs and the database are the service user's alone
     settings = get_settings()
     uvicorn.run(create_app(settings), host=host or settings.host, port=port or settings.port, log_level="info")
 
@@ -258,12 +260,14 @@ def run(
     from service.db.models import Run
     from service.db.session import session_scope
     from service.engine import gpus
+    from service.private_files import keep_private
     from service.profile_catalog import configured_profiles
     from service.profiles import ProfileError, RunOverrides, apply_overrides
     from service.runs import pipeline, queries, queue
     from service.runs.worker import new_worker_id
     from service.settings import get_settings
 
+    keep_private()
     settings = get_settings()
     url = _prepared_db()
     try:

@@ -47,6 +47,8 @@ def test_every_page_loads_without_console_errors(
     for name, (path, heading) in pages.items():
         response = page.goto(path)
         assert response is not None and response.status == 200, (path, response and response.status)
+        # Each page runs under the strict policy: a blocked script or style would be a console error.
+        assert "script-src 'self'; style-src 'self';" in response.headers["content-security-policy"]
         expect(page.locator("h1")).to_contain_text(heading)
         if name.startswith("profile-"):
             expect(page.locator(".trend .scatterlayer").first).to_be_attached()
@@ -360,3 +362,16 @@ def test_drift_samples_draw_token_strips_worst_first(
     expect(page.locator('#samples tr[data-key="p2"]')).to_contain_text("not close")
     shoot(page, "samples-drift")
     assert console_errors == []
+
+
+def test_api_docs_render_from_the_service_alone(page: Page, dashboard: Dashboard, console_errors: list[str]) -> None:
+    """Swagger UI and ReDoc come from the installed package, under the CSP: an offline host can use them."""
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
+    page.goto("/docs")
+    expect(page.locator(".opblock-summary-path", has_text="/api/v1/runs/{run_id}/cancel")).to_be_visible()
+    page.goto("/redoc")
+    expect(page.get_by_role("heading", name=re.compile("^kvcanary"))).to_be_visible()
+    expect(page.get_by_text("/api/v1/runs/{run_id}/cancel").first).to_be_attached()
+    elsewhere = [url for url in requested if not url.startswith((dashboard.url, "data:", "blob:"))]
+    assert elsewhere == [] and console_errors == []

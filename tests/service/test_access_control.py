@@ -7,6 +7,8 @@ One real `kvcanary serve` (worker off, reads behind tokens) serves the module.
 from __future__ import annotations
 
 import os
+import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -169,3 +171,61 @@ def test_the_migration_renames_duplicate_token_names_and_keeps_run_owners(tmp_pa
         owners = dict(session.execute(text("SELECT id, triggered_by_token_id FROM runs")).all())
     assert names == {1: "ci", 2: "ci-2", 3: "nightly"}
     assert owners == {1: None, 2: 3}  # "ci" named two tokens: that run is left to admins
+
+
+def test_metrics_need_a_token_when_reads_do(service: LiveService) -> None:
+    assert httpx.get(f"{service.url}/metrics").status_code == 401
+    scraped = httpx.get(f"{service.url}/metrics", headers=bearer(service.token(Role.VIEWER)))
+    assert scraped.status_code == 200 and "kvcanary_queue_length" in scraped.text
+
+
+def test_every_response_carries_the_security_headers(service: LiveService) -> None:
+    viewer = bearer(service.token(Role.VIEWER))
+    for path, headers in [
+        ("/login", {}),
+        ("/runs", viewer),  # a 303 to the login form: no bearer header on pages
+        ("/api/v1/runs", viewer),
+        ("/api/v1/runs", {}),  # a 401
+        ("/healthz", {}),
+        ("/static/dashboard.css", {}),
+        ("/docs", {}),
+        ("/redoc", {}),
+    ]:
+        response = httpx.get(service.url + path, headers=headers)
+        assert response.headers["x-content-type-options"] == "nosniff", path
+        assert response.headers["x-frame-options"] == "DENY", path
+        assert response.headers["referrer-policy"] == "no-referrer", path
+        directives = (part.strip().partition(" ") for part in response.headers["content-security-policy"].split(";"))
+        policy = {name: value for name, _, value in directives}
+        assert policy["frame-ancestors"] == "'none'" and policy["script-src"] == "'self'", (path, policy)
+        assert policy["object-src"] == "'none'" and policy["base-uri"] == "'none'", path
+        if path not in ("/docs", "/redoc"):
+            assert "unsafe-inline" not in response.headers["content-security-policy"], path
+
+
+def test_api_docs_load_only_files_this_service_serves(service: LiveService) -> None:
+    """An offline host has no CDN: every script and stylesheet of /docs and /redoc is local and loads."""
+    for page in ("/docs", "/redoc"):
+        html = httpx.get(service.url + page)
+        assert html.status_code == 200
+        urls = re.findall(r'(?:src|href|spec-url)="([^"]+)"', html.text)
+        assert urls and all(url.startswith("/") and not url.startswith("//") for url in urls), urls
+        assert "<script>" not in html.text  # no inline script: the CSP forbids it
+        for url in urls:
+            asset = httpx.get(service.url + url)
+            assert asset.status_code == 200 and len(asset.content) > 100, url
+    bundle = httpx.get(f"{service.url}/docs-assets/swagger-ui-bundle.js")
+    assert "SwaggerUIBundle" in bundle.text and bundle.headers["content-type"].startswith("text/javascript")
+
+
+def test_the_access_log_keeps_no_query_strings(service: LiveService) -> None:
+    viewer = bearer(service.token(Role.VIEWER))
+    asked = httpx.get(
+        f"{service.url}/api/v1/runs", params={"label": "ticket=s3cr3t-in-a-url", "limit": 3}, headers=viewer
+    )
+    assert asked.status_code == 200
+    deadline = time.monotonic() + 10
+    while "GET /api/v1/runs?[redacted]" not in service.log_tail() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    log = (service.data_dir / "serve.log").read_text(errors="replace")
+    assert "GET /api/v1/runs?[redacted]" in log and "s3cr3t-in-a-url" not in log

@@ -5,7 +5,9 @@ with an expiry, ended by logout and by revoking its token. Token names become un
 earlier databases hold a name twice, the older token keeps it and each later one is renamed
 `<name>-<id>`. A run records the id of the token that triggered it, so a ci token may cancel
 its own runs only; runs queued before this revision get it where their `triggered_by` names
-exactly one token.
+exactly one token. A finished run keeps its wall time as a number (`duration_s`, filled in
+here for runs that ended before), and an index on (profile, duration_s) covers `/metrics`'
+duration histogram, so a scrape reads that index instead of every run row.
 
 Revision ID: 0007_sessions_token_names
 Revises: 0005
@@ -28,6 +30,16 @@ runs = sa.table(
     sa.column("triggered_by", sa.String),
     sa.column("triggered_by_token_id", sa.Integer),
 )
+
+
+def _backfill_durations(connection: sa.Connection) -> None:
+    if connection.dialect.name == "postgresql":
+        seconds = "EXTRACT(EPOCH FROM finished_at - started_at)"
+    else:
+        seconds = "(julianday(finished_at) - julianday(started_at)) * 86400.0"
+    connection.execute(
+        sa.text(f"UPDATE runs SET duration_s = {seconds} WHERE finished_at IS NOT NULL AND started_at IS NOT NULL")
+    )
 
 
 def _backfill_run_tokens(connection: sa.Connection) -> None:
@@ -61,7 +73,10 @@ def upgrade() -> None:
         batch.create_foreign_key(
             "fk_runs_triggered_by_token_id", "api_tokens", ["triggered_by_token_id"], ["id"], ondelete="SET NULL"
         )
+    with op.batch_alter_table("runs") as batch:
+        batch.add_column(sa.Column("duration_s", sa.Float(), nullable=True))
     connection = op.get_bind()
+    _backfill_durations(connection)
     _backfill_run_tokens(connection)
     _rename_duplicate_names(connection)
     with op.batch_alter_table("api_tokens") as batch:
@@ -78,9 +93,11 @@ def upgrade() -> None:
         sa.UniqueConstraint("secret_hash"),
     )
     op.create_index("ix_dashboard_sessions_token_id", "dashboard_sessions", ["token_id"])
+    op.create_index("ix_runs_durations", "runs", ["profile", "duration_s"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_runs_durations", table_name="runs")
     op.drop_index("ix_dashboard_sessions_token_id", table_name="dashboard_sessions")
     op.drop_table("dashboard_sessions")
     with op.batch_alter_table("api_tokens") as batch:
@@ -88,3 +105,4 @@ def downgrade() -> None:
     with op.batch_alter_table("runs") as batch:
         batch.drop_constraint("fk_runs_triggered_by_token_id", type_="foreignkey")
         batch.drop_column("triggered_by_token_id")
+        batch.drop_column("duration_s")
