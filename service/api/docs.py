@@ -3,19 +3,23 @@
 FastAPI's own pages load both from a CDN, which an offline GPU host cannot reach, and start
 Swagger UI with an inline script, which the pages' Content-Security-Policy forbids; these
 pages load the package's copies from `/docs-assets/` and start Swagger UI from
-`/static/swagger-init.js`. ReDoc starts itself from its `<redoc spec-url>` element.
+`/static/swagger-init.js`. ReDoc starts itself from its `<redoc spec-url>` element; its menu's
+"API docs by Redocly" logo is the one file it would fetch from elsewhere, so the bundle is
+served with that URL replaced by an empty image (the menu hides a logo that does not load).
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 ASSETS_URL = "/docs-assets"
+REDOC_LOGO = b'src:"https://cdn.redoc.ly/redoc/logo-mini.svg"'
 
 router = APIRouter(include_in_schema=False)
 
@@ -68,6 +72,22 @@ def redoc() -> HTMLResponse:
         "",
         f'<redoc spec-url="/openapi.json"></redoc>\n<script src="{ASSETS_URL}/redoc.standalone.js"></script>',
     )
+
+
+@lru_cache(maxsize=1)
+def _redoc_bundle() -> bytes:
+    bundle = (assets_dir() / "redoc.standalone.js").read_bytes()
+    if REDOC_LOGO not in bundle:
+        raise RuntimeError(
+            f"redoc.standalone.js no longer holds {REDOC_LOGO.decode()}: check what the new ReDoc "
+            "loads from elsewhere and update service/api/docs.py"
+        )
+    return bundle.replace(REDOC_LOGO, b'src:"data:,"')
+
+
+@router.get(f"{ASSETS_URL}/redoc.standalone.js")
+def redoc_bundle() -> Response:
+    return Response(_redoc_bundle(), media_type="text/javascript")
 
 
 def install(app: FastAPI) -> None:

@@ -216,6 +216,8 @@ def test_api_docs_load_only_files_this_service_serves(service: LiveService) -> N
             assert asset.status_code == 200 and len(asset.content) > 100, url
     bundle = httpx.get(f"{service.url}/docs-assets/swagger-ui-bundle.js")
     assert "SwaggerUIBundle" in bundle.text and bundle.headers["content-type"].startswith("text/javascript")
+    redoc = httpx.get(f"{service.url}/docs-assets/redoc.standalone.js").text
+    assert "Redoc" in redoc and "cdn.redoc.ly" not in redoc  # its one off-site image is left out
 
 
 def test_the_access_log_keeps_no_query_strings(service: LiveService) -> None:

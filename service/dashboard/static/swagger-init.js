@@ -7,6 +7,7 @@ window.addEventListener("DOMContentLoaded", () => {
     dom_id: "#swagger-ui",
     layout: "BaseLayout",
     deepLinking: true,
+    validatorUrl: null, // no badge from an online validator: the host may be offline
     showExtensions: true,
     showCommonExtensions: true,
     presets: [SwaggerUIBundle.presets.apis, SwaggerUIBundle.SwaggerUIStandalonePreset],
