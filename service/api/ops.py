@@ -15,6 +15,7 @@ from sqlalchemy import case, func, select, text
 from sqlalchemy.orm import Session
 
 from service.api.deps import SessionDep, SettingsDep, require
+from service.api.errors import documented
 from service.db.models import Run
 from service.db.session import session_scope
 from service.roles import Role
@@ -95,7 +96,7 @@ def duration_rows(session: Session) -> list[tuple[Any, ...]]:
 @router.get(
     "/metrics",
     response_class=Response,
-    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}},
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, **documented(401, 503)},
     dependencies=[Depends(require(Role.VIEWER))],
 )
 def metrics(session: SessionDep) -> Response:
