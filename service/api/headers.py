@@ -2,20 +2,25 @@
 
 The dashboard's pages run only the service's own scripts (`/static/*.js`, plotly.js from
 `/vendor/`) and styles (`/static/dashboard.css`), with no inline script, handler or style, so
-their policy allows `'self'` alone. Swagger UI and ReDoc (`/docs`, `/redoc`) load their files
-from this service too, but set inline styles as they render (ReDoc builds its stylesheet at
-run time and searches in a worker made from a blob), so their pages also allow inline styles
-and blob workers; never inline scripts. No page may be framed (clickjacking), no response is
-sniffed as another type, and no URL (which can carry run ids and labels) leaves as a referrer.
+their policy allows `'self'` and one hash: that of the empty string, which admits an empty
+`<style>` element only. plotly.js makes one and fills it through the CSSOM (`insertRule`, which
+a policy does not govern), so charts get their styles while no styled markup can be injected.
+
+Swagger UI and ReDoc (`/docs`, `/redoc`) load their files from this service too, but set inline
+styles as they render (ReDoc builds its stylesheet at run time and searches in a worker made
+from a blob), so their pages also allow inline styles and blob workers; never inline scripts.
+No page may be framed (clickjacking), no response is sniffed as another type, and no URL
+(which can carry run ids and labels) leaves as a referrer.
 """
 
 from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+EMPTY_STYLE = "'sha256-47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU='"  # SHA-256 of ""
 PAGE_POLICY = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
-    "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+    f"default-src 'self'; script-src 'self'; style-src 'self' {EMPTY_STYLE}; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 )
 DOCS_POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
