@@ -11,10 +11,11 @@ from fastapi import FastAPI
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service import baselines, dashboard
+from service import access_log, baselines, dashboard
 from service.alerting.watcher import AlertWatcher
-from service.api import catalog, compare, errors, ops, runs, schedules, tokens
+from service.api import catalog, compare, docs, errors, ops, runs, schedules, tokens
 from service.api.gate import Admission, InTurn, RequestGate
+from service.api.headers import SecurityHeaders
 from service.db.migrate import upgrade
 from service.db.session import session_scope
 from service.profile_catalog import configured_profiles
@@ -54,6 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Fewer threads than anyio's 40: request threads spend their time in Python (the ORM)
         # holding the GIL, and 40 of them starve the event loop that answers /healthz.
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.request_threads
+        access_log.install()
         settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         settings.runs_dir().mkdir(mode=0o700, exist_ok=True)
         upgrade(url)
@@ -79,6 +81,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         summary="End-to-end accuracy gate for vLLM attention kernels",
         lifespan=lifespan,
+        docs_url=None,  # service.api.docs serves both from installed files, under the pages' CSP
+        redoc_url=None,
     )
     app.state.settings = settings
     # Outermost last: admission answers before a body is read, the gate before any route runs,
@@ -87,9 +91,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(InTurn, limit=settings.request_threads)
     app.add_middleware(RequestGate, limit=settings.max_body_bytes)
     app.add_middleware(Admission, limit=settings.max_in_flight)
+    app.add_middleware(SecurityHeaders)
     for router in (runs.router, catalog.router, compare.router, schedules.router, tokens.router):
         app.include_router(router, responses=errors.API_ERRORS)
     app.include_router(ops.router)
+    docs.install(app)
     dashboard.install(app)
 
     app.add_middleware(NoStoreApi)

@@ -1,5 +1,6 @@
-"""API tokens: random secrets shown once, stored only as SHA-256 hashes, each with one role, an
-optional expiry, and a revoked flag that takes effect on the next request."""
+"""API tokens: random secrets shown once, stored only as SHA-256 hashes, each with one role, a
+unique name, an optional expiry, and a revoked flag that takes effect on the next request
+(revoking also ends the token's dashboard sessions)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import delete, or_, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.db.models import ApiToken, utcnow
+from service.db.models import ApiToken, DashboardSession, utcnow
 from service.db.session import session_scope
 from service.roles import GRANTS, Role
 
@@ -27,12 +29,45 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 
+class TokenRefused(ValueError):
+    """A token that must not be made: its expiry has passed, or its name is taken."""
+
+
+class NameTaken(TokenRefused):
+    pass
+
+
 def create_token(session: Session, name: str, role: Role, expires_at: datetime | None = None) -> str:
-    """A new secret; only its hash is stored, so it cannot be shown again."""
+    """A new secret; only its hash is stored, so it cannot be shown again.
+
+    Names are unique (they say who triggered or changed what), and a token that would be
+    expired on creation is refused rather than made useless in silence.
+    """
+    if expires_at is not None and expires_at <= utcnow():
+        raise TokenRefused(
+            f"expiry {expires_at:%Y-%m-%d %H:%M} UTC has already passed; give a time in the future"
+        )
+    holder = session.scalar(select(ApiToken).where(ApiToken.name == name))
+    if holder is not None:
+        raise _name_taken(holder)
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     session.add(ApiToken(name=name, role=role.value, token_hash=hash_token(token), expires_at=expires_at))
-    session.flush()
+    try:
+        with session.begin_nested():
+            session.flush()
+    except IntegrityError as exc:  # created by another request since the check above
+        holder = session.scalar(select(ApiToken).where(ApiToken.name == name))
+        if holder is None:
+            raise
+        raise _name_taken(holder) from exc
     return token
+
+
+def _name_taken(holder: ApiToken) -> NameTaken:
+    state = "revoked" if holder.revoked else "active"
+    return NameTaken(
+        f"a token named {holder.name!r} exists (id {holder.id}, {state}); token names are unique: pick another"
+    )
 
 
 def lookup(session: Session, token: str) -> ApiToken | None:
@@ -61,6 +96,7 @@ def revoke(session: Session, token_id: int) -> ApiToken | None:
     row = session.get(ApiToken, token_id)
     if row is not None:
         row.revoked = True
+        session.execute(delete(DashboardSession).where(DashboardSession.token_id == token_id))
     return row
 
 

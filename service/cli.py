@@ -98,8 +98,10 @@ def serve(
     import uvicorn
 
     from service.app import create_app
+    from service.private_files import keep_private
     from service.settings import get_settings
 
+    keep_private()  # run folders, logs and the database are the service user's alone
     settings = get_settings()
     uvicorn.run(create_app(settings), host=host or settings.host, port=port or settings.port, log_level="info")
 
@@ -113,19 +115,27 @@ def db_upgrade() -> None:
 @tokens_app.command("create")
 def tokens_create(
     role: Annotated[Role, typer.Option(help="viewer reads; ci also triggers runs; admin also edits baselines")],
-    name: Annotated[str, typer.Option(help="Who or what holds it, e.g. github-actions")] = "token",
+    name: Annotated[
+        str | None, typer.Option(help="Who or what holds it, e.g. github-actions; unique (default: role-<random>)")
+    ] = None,
     expires_in: Annotated[str | None, typer.Option(help="Lifetime, e.g. 90d, 12h or 30m")] = None,
     expires: Annotated[
         datetime | None, typer.Option(help="Expiry date or time (UTC unless given), e.g. 2027-01-31")
     ] = None,
 ) -> None:
     """Print a new API token once; only its hash is stored."""
-    from service.auth import create_token
+    import secrets
+
+    from service.auth import TokenRefused, create_token
     from service.db.session import session_scope
 
     expires_at = _expiry(expires_in, expires)
-    with session_scope(_prepared_db()) as session:
-        token = create_token(session, name, role, expires_at)
+    name = name or f"{role.value}-{secrets.token_hex(3)}"
+    try:
+        with session_scope(_prepared_db()) as session:
+            token = create_token(session, name, role, expires_at)
+    except TokenRefused as exc:
+        raise typer.BadParameter(str(exc)) from exc
     until = f", valid until {expires_at:%Y-%m-%d %H:%M} UTC" if expires_at else ""
     console.print(f"created {role.value} token {name!r}{until}; store it now, it is not shown again:")
     print(token)
@@ -254,6 +264,7 @@ def run(
     from service.db.models import Run
     from service.db.session import session_scope
     from service.engine import gpus
+    from service.private_files import keep_private
     from service.profile_catalog import configured_profiles
     from service.profiles import ProfileError, RunOverrides, apply_overrides
     from service.runs import pipeline, queries, queue
@@ -261,6 +272,7 @@ def run(
     from service.settings import get_settings
 
     labels = _labels(label or [])
+    keep_private()
     settings = get_settings()
     url = _prepared_db()
     try:

@@ -177,7 +177,7 @@ def main() -> int:
         "KVCANARY_ENGINE_PYTHON": os.environ.get("KVCANARY_ENGINE_PYTHON", sys.executable),
         "PYTHONUNBUFFERED": "1",
     }
-    made = subprocess.run(_cli("tokens", "create", "--role", "ci", "--name", "gpu-gate"), env=env,
+    made = subprocess.run(_cli("tokens", "create", "--role", "ci", "--name", f"gpu-gate-{int(time.time())}"), env=env,
                           capture_output=True, text=True, check=True)  # fmt: skip
     token = made.stdout.strip().splitlines()[-1]
     service = _serve(env, url, args.out / "serve.log")

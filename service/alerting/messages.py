@@ -2,14 +2,19 @@
 
 "The last run" is the latest earlier run of the same profile that reached a verdict (passed
 or failed); runs that errored or were cancelled have no verdicts to compare with.
+
+Slack reads `<...>` in a message as a control sequence (`<!channel>` pings everyone,
+`<https://a|b>` shows a link as other text), so the text Slack webhooks get has every value
+the message quotes (labels, profile, error, explanations) escaped by Slack's rules.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -53,6 +58,16 @@ class AlertMessage(BaseModel):
     error: str
     previous_run_id: int | None
     metrics: list[MetricVerdict]
+    slack_text: str = Field(exclude=True, description="`text` with every quoted value escaped for Slack")
+
+
+def slack_escape(value: str) -> str:
+    """Slack's escaping: `&`, `<` and `>` as entities, so a value is shown, never obeyed."""
+    return value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _as_is(value: str) -> str:
+    return value
 
 
 def _verdicts(session: Session, run_id: int) -> dict[tuple[str, str, str], SuiteResult]:
@@ -69,9 +84,30 @@ def previous_judged_run(session: Session, run: Run) -> Run | None:
     )
 
 
-def _line(m: MetricVerdict, previous_run_id: int | None) -> str:
-    was = f" (was {m.previous_verdict} in run {previous_run_id})" if m.changed else ""
-    return f"• {m.suite}.{m.metric} = {m.value:.4f}: {m.verdict}{was}. {m.explanation}".rstrip()
+def _line(m: MetricVerdict, previous_run_id: int | None, quote: Callable[[str], str]) -> str:
+    was = f" (was {quote(m.previous_verdict or '')} in run {previous_run_id})" if m.changed else ""
+    name = quote(f"{m.suite}.{m.metric}")
+    return f"• {name} = {m.value:.4f}: {quote(m.verdict)}{was}. {quote(m.explanation)}".rstrip()
+
+
+def _text(
+    run: Run,
+    headline: str,
+    metrics: list[MetricVerdict],
+    previous_run_id: int | None,
+    run_url: str,
+    quote: Callable[[str], str],
+) -> str:
+    """The message's lines; `quote` is applied to every value that comes from a run or a caller."""
+    labels = ", ".join(f"{k}={v}" for k, v in sorted((run.labels or {}).items()))
+    context = quote(run.trigger + ("; " + labels if labels else ""))
+    lines = [f"kvcanary: run {run.id} of {quote(run.profile)} {headline} [{context}]"]
+    if run.error:
+        lines.append(f"error: {quote(run.error[:MAX_ERROR_CHARS])}")
+    shown = [m for m in metrics if m.changed or m.verdict != "pass"] or metrics
+    lines += [_line(m, previous_run_id, quote) for m in shown]
+    lines.append(quote(run_url))
+    return "\n".join(lines)
 
 
 def compose(session: Session, run: Run, run_url: str) -> AlertMessage | None:
@@ -102,16 +138,11 @@ def compose(session: Session, run: Run, run_url: str) -> AlertMessage | None:
         kind, headline = "verdict_changed", "passed, but a metric's verdict changed since the previous run"
     else:
         return None
-    labels = ", ".join(f"{k}={v}" for k, v in sorted((run.labels or {}).items()))
-    lines = [f"kvcanary: run {run.id} of {run.profile} {headline} [{run.trigger}{'; ' + labels if labels else ''}]"]
-    if run.error:
-        lines.append(f"error: {run.error[:MAX_ERROR_CHARS]}")
-    shown = [m for m in metrics if m.changed or m.verdict != "pass"] or metrics
-    lines += [_line(m, previous.id if previous else None) for m in shown]
-    lines.append(run_url)
+    previous_id = previous.id if previous else None
     return AlertMessage(
         kind=kind,
-        text="\n".join(lines),
+        text=_text(run, headline, metrics, previous_id, run_url, _as_is),
+        slack_text=_text(run, headline, metrics, previous_id, run_url, slack_escape),
         run=RunRef(
             id=run.id,
             profile=run.profile,
@@ -124,6 +155,6 @@ def compose(session: Session, run: Run, run_url: str) -> AlertMessage | None:
         ),
         summary=run.verdict_summary,
         error=run.error,
-        previous_run_id=previous.id if previous else None,
+        previous_run_id=previous_id,
         metrics=metrics,
     )

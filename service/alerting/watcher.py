@@ -71,7 +71,7 @@ def _claim(settings: Settings, run_id: int, checked_by: str) -> tuple[bool, Aler
 
 def _targets(settings: Settings, message: AlertMessage) -> list[tuple[str, str, dict[str, object]]]:
     generic = message.model_dump(mode="json")
-    slack = {"text": message.text}
+    slack = {"text": message.slack_text}
     return [("json", url, generic) for url in settings.alert_webhooks] + [
         ("slack", url, slack) for url in settings.alert_slack_webhooks
     ]

@@ -13,9 +13,10 @@ from fastapi import Depends, HTTPException, Path, Query, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from service import dashboard_sessions
 from service.api.errors import not_found
 from service.auth import Role, allows, authenticate, use_stamps
-from service.db.models import Run
+from service.db.models import ApiToken, Run
 from service.db.session import session_scope
 from service.profiles import Profile
 from service.schemas import INT64_MAX
@@ -80,34 +81,39 @@ class Caller:
 ANONYMOUS = Caller(name="anonymous", role=Role.VIEWER.value)
 
 
-COOKIE = "kvcanary_token"
+# The dashboard's session cookie: a random session id (service.dashboard_sessions), never a token.
+COOKIE = "kvcanary_session"
 CSRF_HEADER = "X-CSRF-Token"
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def csrf_token(secret: str) -> str:
-    """The value a page sends back with its changes: derived from the login cookie, which another
+    """The value a page sends back with its changes: derived from the session cookie, which another
     site can make a browser send but never read, so it cannot know this either."""
     return hashlib.sha256(b"kvcanary-csrf\n" + secret.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 
-def token_from_request(request: Request, credentials: HTTPAuthorizationCredentials | None) -> str | None:
-    """A bearer header for clients; the dashboard's login cookie for browsers.
+def check_csrf(request: Request, cookie: str) -> None:
+    """A change (any method but GET/HEAD/OPTIONS) made with the session cookie must also carry
+    the CSRF header the dashboard's pages send; without it, 403."""
+    if request.method in _SAFE_METHODS:
+        return
+    sent = request.headers.get(CSRF_HEADER, "")
+    if not hmac.compare_digest(sent.encode("utf-8", errors="replace"), csrf_token(cookie).encode()):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"a change made with the login cookie needs the {CSRF_HEADER} header that the dashboard's pages send",
+        )
 
-    A change (any method but GET/HEAD/OPTIONS) made with the cookie must also carry the CSRF
-    header the dashboard's pages send; without it, 403.
-    """
-    if credentials is not None:
-        return credentials.credentials
-    cookie = request.cookies.get(COOKIE)
-    if cookie is not None and request.method not in _SAFE_METHODS:
-        sent = request.headers.get(CSRF_HEADER, "")
-        if not hmac.compare_digest(sent.encode("utf-8", errors="replace"), csrf_token(cookie).encode()):
-            raise HTTPException(
-                status.HTTP_403_FORBIDDEN,
-                f"a change made with the login cookie needs the {CSRF_HEADER} header that the dashboard's pages send",
-            )
-    return cookie
+
+def _anonymous(settings: Settings, role: Role) -> Caller:
+    if role == Role.VIEWER and not settings.read_auth:
+        return ANONYMOUS
+    raise HTTPException(
+        status.HTTP_401_UNAUTHORIZED,
+        f"this endpoint needs a token with role {role.value}: send 'Authorization: Bearer <token>'",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
 
 
 def caller_for(token: str | None, settings: Settings, role: Role) -> Caller:
@@ -117,20 +123,31 @@ def caller_for(token: str | None, settings: Settings, role: Role) -> Caller:
     transaction of its own: no connection stays checked out for the rest of the request.
     """
     if token is None:
-        if role == Role.VIEWER and not settings.read_auth:
-            return ANONYMOUS
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED,
-            f"this endpoint needs a token with role {role.value}: send 'Authorization: Bearer <token>'",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-    url = settings.resolved_database_url()
-    row = authenticate(url, token)
+        return _anonymous(settings, role)
+    row = authenticate(settings.resolved_database_url(), token)
     if row is None:
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED, "unknown, revoked or expired token", headers={"WWW-Authenticate": "Bearer"}
         )
-    use_stamps.note(url, row)
+    return _admitted(row, settings, role)
+
+
+def session_caller(cookie: str | None, settings: Settings, role: Role) -> Caller:
+    """`caller_for` for the dashboard's session cookie: 401 when the session has ended."""
+    if cookie is None:
+        return _anonymous(settings, role)
+    row = dashboard_sessions.authenticate(settings.resolved_database_url(), cookie)
+    if row is None:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "the dashboard session has ended (logged out, expired, or its token revoked); log in again",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return _admitted(row, settings, role)
+
+
+def _admitted(row: ApiToken, settings: Settings, role: Role) -> Caller:
+    use_stamps.note(settings.resolved_database_url(), row)
     if not allows(row.role, role):
         raise HTTPException(
             status.HTTP_403_FORBIDDEN, f"token {row.name!r} has role {row.role}; this needs {role.value}"
@@ -144,7 +161,14 @@ def require(role: Role) -> Callable[..., Caller]:
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
         settings: Annotated[Settings, Depends(get_settings)],
     ) -> Caller:
-        return caller_for(token_from_request(request, credentials), settings, role)
+        """A bearer header for clients; the dashboard's session cookie (with its CSRF header
+        on changes) for browsers."""
+        if credentials is not None:
+            return caller_for(credentials.credentials, settings, role)
+        cookie = request.cookies.get(COOKIE)
+        if cookie is not None:
+            check_csrf(request, cookie)
+        return session_caller(cookie, settings, role)
 
     return dependency
 

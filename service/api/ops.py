@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import anyio
 import anyio.to_thread
-from fastapi import APIRouter, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Histogram, generate_latest
-from sqlalchemy import func, select, text
+from fastapi import APIRouter, Depends, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from prometheus_client.core import HistogramMetricFamily
+from sqlalchemy import case, func, select, text
+from sqlalchemy.orm import Session
 
-from service.api.deps import SessionDep, SettingsDep
+from service.api.deps import SessionDep, SettingsDep, require
+from service.api.errors import documented
 from service.db.models import Run
 from service.db.session import session_scope
+from service.roles import Role
 from service.runs.state import Status
 
 router = APIRouter(tags=["ops"])
@@ -56,11 +62,48 @@ async def healthz(settings: SettingsDep) -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+class _Durations:
+    """`kvcanary_run_duration_seconds` from per-profile bucket counts the database computed."""
+
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+        self.rows = rows
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(
+            "kvcanary_run_duration_seconds", "Wall time of finished runs", labels=["profile"]
+        )
+        for row in self.rows:
+            profile, count, total, within = row[0], row[1], row[2], row[3:]
+            buckets = [(str(float(edge)), n or 0) for edge, n in zip(DURATION_BUCKETS, within, strict=True)]
+            family.add_metric([profile], [*buckets, ("+Inf", count)], sum_value=total or 0.0)
+        yield family
+
+
+def duration_rows(session: Session) -> list[tuple[Any, ...]]:
+    """Per profile: finished runs, their summed seconds, and how many fit each bucket.
+
+    One aggregate over the (profile, duration_s) index, answered with a row per profile: a
+    scrape never moves every finished run into Python, nor parses any run's timestamps.
+    """
+    seconds = Run.duration_s
+    within = [func.sum(case((seconds <= edge, 1), else_=0)) for edge in DURATION_BUCKETS]
+    query = (
+        select(Run.profile, func.count(), func.sum(seconds), *within).where(seconds.is_not(None)).group_by(Run.profile)
+    )
+    return [tuple(row) for row in session.execute(query).all()]
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, **documented(401, 503)},
+    dependencies=[Depends(require(Role.VIEWER))],
+)
 def metrics(session: SessionDep) -> Response:
     """Runs by status, queue length, and finished-run durations, read from the database.
 
-    Built per scrape from the database so every replica reports the same truth.
+    Built per scrape from the database so every replica reports the same truth; behind a
+    viewer token when reads need one (`KVCANARY_READ_AUTH`): give Prometheus a bearer token.
     """
     registry = CollectorRegistry()
     by_status = Gauge("kvcanary_runs", "Runs by status", ["status"], registry=registry)
@@ -68,19 +111,5 @@ def metrics(session: SessionDep) -> Response:
     for state in Status:
         by_status.labels(state.value).set(counts.get(state.value, 0))
     Gauge("kvcanary_queue_length", "Runs waiting to start", registry=registry).set(counts.get(Status.QUEUED.value, 0))
-    durations = Histogram(
-        "kvcanary_run_duration_seconds",
-        "Wall time of finished runs",
-        ["profile"],
-        buckets=DURATION_BUCKETS,
-        registry=registry,
-    )
-    finished = session.execute(
-        select(Run.profile, Run.started_at, Run.finished_at).where(
-            Run.finished_at.is_not(None), Run.started_at.is_not(None)
-        )
-    )
-    for profile, started, ended in finished:
-        if started is not None and ended is not None:
-            durations.labels(profile).observe((ended - started).total_seconds())
+    registry.register(_Durations(duration_rows(session)))
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -25,6 +25,7 @@ from service.api.errors import Problem, documented, not_found, unprocessable
 from service.db.models import Run
 from service.engine.gpus import refusal
 from service.profiles import ProfileError, apply_overrides
+from service.roles import Role
 from service.runs import queries, queue, removal
 from service.schemas import (
     LABEL_KEY,
@@ -101,6 +102,7 @@ def create_run(
             session,
             **wanted,
             triggered_by=caller.name,
+            triggered_by_token_id=caller.token_id,
             max_attempts=profile.max_attempts,
             idempotency_key=scoped_key(caller, idempotency_key) if idempotency_key else None,
         )
@@ -164,11 +166,25 @@ def get_samples(
     )
 
 
-@router.post("/{run_id}/cancel", response_model=RunDetail, responses=documented(404))
+def may_cancel(caller: Caller, run: Run) -> bool:
+    """Admins cancel any run; a ci token only the runs it triggered itself."""
+    return caller.role == Role.ADMIN or (caller.token_id is not None and caller.token_id == run.triggered_by_token_id)
+
+
+@router.post("/{run_id}/cancel", response_model=RunDetail, responses=documented(403, 404))
 def cancel_run(run_id: RunId, request: Request, caller: CI, writer: WriterDep) -> RunDetail:
-    """Queued runs end at once; a running one stops its engine and ends as `cancelled`."""
+    """Queued runs end at once; a running one stops its engine and ends as `cancelled`.
+
+    A ci token may cancel the runs it triggered; any other run needs an admin token.
+    """
     with writer() as session:
         run = run_or_404(session, run_id)
+        if not may_cancel(caller, run):
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN,
+                f"run {run.id} was triggered by {run.triggered_by!r}, not by token {caller.name!r}; "
+                "a ci token may cancel only the runs it triggered; ask an admin to cancel this one",
+            )
         queue.request_cancel(session, run, caller.name)
         session.flush()
         return queries.run_detail(session, run, _base_url(request))

@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Path, status
+from fastapi import APIRouter, HTTPException, Path, status
 
 from service import auth
 from service.api.deps import Admin, SessionDep, WriterDep
-from service.api.errors import documented, not_found
+from service.api.errors import Problem, documented, not_found, unprocessable
 from service.db.models import utcnow
 from service.schemas import INT64_MAX, TokenCreate, TokenCreated, TokenOut
 
@@ -21,12 +21,22 @@ def list_tokens(_: Admin, session: SessionDep) -> list[TokenOut]:
     return [TokenOut.model_validate(row) for row in auth.list_tokens(session)]
 
 
-@router.post("", response_model=TokenCreated, status_code=status.HTTP_201_CREATED)
+@router.post(
+    "",
+    response_model=TokenCreated,
+    status_code=status.HTTP_201_CREATED,
+    responses={409: {"model": Problem, "description": "A token with this name exists; names are unique"}},
+)
 def create_token(body: TokenCreate, _: Admin, writer: WriterDep) -> TokenCreated:
-    """The secret is in this response only; store it now."""
+    """The secret is in this response only; store it now. Token names are unique."""
     expires_at = utcnow() + timedelta(days=body.expires_in_days) if body.expires_in_days else None
     with writer() as session:
-        secret = auth.create_token(session, body.name, auth.Role(body.role), expires_at)
+        try:
+            secret = auth.create_token(session, body.name, auth.Role(body.role), expires_at)
+        except auth.NameTaken as exc:
+            raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
+        except auth.TokenRefused as exc:
+            raise unprocessable(str(exc)) from exc
         row = auth.lookup(session, secret)
         assert row is not None
         return TokenCreated(**TokenOut.model_validate(row).model_dump(), token=secret)

@@ -26,6 +26,7 @@ import httpx
 from kernels.receipt import read_receipts
 from service.engine.health import HealthWatch
 from service.engine.process_group import describe_exit, start_group, stop_group
+from service.private_files import append_private, private_dir
 from service.profiles import Profile
 
 HOST = "127.0.0.1"
@@ -179,12 +180,12 @@ class Engine:
         """Start the server and return once `/health` answers 200; raise EngineStartError if not."""
         if self._process is not None:
             raise RuntimeError(f"engine for {self.profile.name!r} was already started")
-        self.receipt_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.receipt_dir)
         argv = build_argv(self.profile, port=self.port, python=self._python)
         env = build_env(self.profile, receipt_dir=self.receipt_dir, base_env=self._base_env)
         shown_env = " ".join(f"{key}={shlex.quote(env[key])}" for key in MANAGED_ENV)
-        with self.log_path.open("a") as log:
-            log.write(f"# kvcanary starts the engine: {shown_env} {shlex.join(argv)}\n")
+        with append_private(self.log_path) as log:
+            log.write(f"# kvcanary starts the engine: {shown_env} {shlex.join(argv)}\n".encode())
         began = time.monotonic()
         process = self._process = start_group(argv, env, self.log_path)
         try:

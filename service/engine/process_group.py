@@ -18,6 +18,8 @@ from pathlib import Path
 
 import psutil
 
+from service.private_files import PRIVATE_UMASK, append_private
+
 _POLL_S = 0.2
 _AFTER_KILL_WAIT_S = 10.0
 
@@ -27,8 +29,12 @@ class ProcessGroupError(RuntimeError):
 
 
 def start_group(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    """Start `argv` (never a shell) in a new session, appending stdout and stderr to `log_path`."""
-    with log_path.open("ab") as log:
+    """Start `argv` (never a shell) in a new session, appending stdout and stderr to `log_path`.
+
+    The log is created 0600 and the process runs under a private umask, so what it writes in the
+    run folder (receipts, caches) is the service user's alone whatever this process's umask is.
+    """
+    with append_private(log_path) as log:
         return subprocess.Popen(
             list(argv),
             env=dict(env),
@@ -36,6 +42,7 @@ def start_group(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> 
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            umask=PRIVATE_UMASK,
         )
 
 

@@ -24,6 +24,7 @@ from service.db.session import session_scope
 from service.engine import gpus
 from service.engine.death import EngineDied, diagnose_file
 from service.engine.launcher import Engine, EngineStartError
+from service.private_files import private_dir
 from service.profiles import Profile, RunOverrides, apply_overrides
 from service.runs import scoring, store
 from service.runs.state import Status, transition
@@ -146,7 +147,7 @@ def _run_suite(
         with session_scope(url) as session:
             store.save_samples(session, run.id, arm, suite, primary, samples)
 
-    work_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(work_dir)
     context = SuiteContext(
         server_url=engine.url,
         served_model_name=profile.served_model_name,
@@ -269,7 +270,7 @@ def execute(run_id: int, settings: Settings, profiles: dict[str, Profile], worke
         assert run is not None, f"run {run_id} does not exist"
         session.expunge(run)
     run_dir = settings.runs_dir() / str(run.id)
-    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dir(run_dir)
     stop_event = threading.Event()
     watcher = _Watcher(url, run.id, stop_event)
     watcher.start()
@@ -291,7 +292,7 @@ def execute(run_id: int, settings: Settings, profiles: dict[str, Profile], worke
             arm_profile = profile.model_copy(update={"kernels": profile.kernels.model_copy(update={"variant": arm})})
             stop_event.clear()
             engine = Engine(arm_profile, run_dir / arm, python=settings.engine_python, stop_event=stop_event)
-            (run_dir / arm).mkdir(parents=True, exist_ok=True)
+            private_dir(run_dir / arm)
             began = time.monotonic()
             try:
                 _start_arm(url, run, arm, engine)

@@ -30,6 +30,7 @@ def enqueue(
     variants: list[str],
     max_attempts: int,
     idempotency_key: str | None = None,
+    triggered_by_token_id: int | None = None,
 ) -> tuple[Run, bool]:
     """Queue a run; with an idempotency key already used, return that run instead (created=False)."""
     if idempotency_key:
@@ -46,6 +47,7 @@ def enqueue(
         variants=list(variants),
         max_attempts=max_attempts,
         idempotency_key=idempotency_key,
+        triggered_by_token_id=triggered_by_token_id,
     )
     session.add(run)
     try:

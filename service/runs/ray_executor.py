@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 from evals.fixtures import PREFIX as FIXTURE_PREFIX
 from service.db.models import Run, RunEvent, utcnow
 from service.db.session import session_scope
+from service.private_files import keep_private
 from service.profiles import Profile
 from service.runs import pipeline, queue
 from service.runs.orphan_guard import OrphanGuard
@@ -169,6 +170,7 @@ def node_settings(database_url: str) -> Settings:
 
 def run_on_node(run_id: int, owner: str, database_url: str, profiles: dict[str, Profile]) -> str:
     """The Ray task: take the run over from the replica that claimed it, execute it on this node."""
+    keep_private()  # the node's run folder, like the service's, is the service user's alone
     if not _take_over(database_url, run_id, owner):
         return "skipped"
     with OrphanGuard():

@@ -62,6 +62,8 @@ def transition(session: Session, run: Run, new: Status, message: str = "") -> No
         run.started_at = run.started_at or now
     if new in FINAL:
         run.finished_at = now
+        # Kept as a number so /metrics aggregates it in SQL without parsing timestamps per run.
+        run.duration_s = (now - run.started_at).total_seconds() if run.started_at else None
         run.worker_id = None
         run.engine_pid = None
     if new == Status.QUEUED:

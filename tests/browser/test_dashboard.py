@@ -47,6 +47,8 @@ def test_every_page_loads_without_console_errors(
     for name, (path, heading) in pages.items():
         response = page.goto(path)
         assert response is not None and response.status == 200, (path, response and response.status)
+        # Each page runs under the strict policy: a blocked script or style would be a console error.
+        assert "script-src 'self'; style-src 'self' 'sha256-" in response.headers["content-security-policy"]
         expect(page.locator("h1")).to_contain_text(heading)
         if name.startswith("profile-"):
             expect(page.locator(".trend .scatterlayer").first).to_be_attached()
@@ -246,8 +248,9 @@ def test_login_form_when_reads_need_a_token(page: Page, tmp_path: Path, shoot: S
         page.get_by_role("button", name="Log in").click()
         expect(page).to_have_url(f"{service.url}/profiles")
         expect(page.locator("header .who")).to_contain_text("release-manager")
-        cookie = next(c for c in page.context.cookies() if c["name"] == "kvcanary_token")
+        cookie = next(c for c in page.context.cookies() if c["name"] == "kvcanary_session")
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert cookie["value"] != viewer  # a session id, never the token itself
         page.goto(f"{service.url}/runs")
         expect(page.locator("#live-status")).to_contain_text("Live: updated", timeout=LIVE_WAIT_MS)
         page.goto(f"{service.url}/runs/{seeded.candidate}")
@@ -256,6 +259,8 @@ def test_login_form_when_reads_need_a_token(page: Page, tmp_path: Path, shoot: S
         page.get_by_role("button", name="Log out").click()
         page.goto(f"{service.url}/runs")
         expect(page).to_have_url(re.compile(r"/login"))
+        copied = httpx.get(f"{service.url}/api/v1/runs", cookies={"kvcanary_session": cookie["value"]})
+        assert copied.status_code == 401  # logout ended the session on the server, not only here
         page.goto(f"{service.url}/login?next=//evil.example.com/")
         page.locator("#token").fill(viewer)
         page.get_by_role("button", name="Log in").click()
@@ -357,3 +362,16 @@ def test_drift_samples_draw_token_strips_worst_first(
     expect(page.locator('#samples tr[data-key="p2"]')).to_contain_text("not close")
     shoot(page, "samples-drift")
     assert console_errors == []
+
+
+def test_api_docs_render_from_the_service_alone(page: Page, dashboard: Dashboard, console_errors: list[str]) -> None:
+    """Swagger UI and ReDoc come from the installed package, under the CSP: an offline host can use them."""
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
+    page.goto("/docs")
+    expect(page.locator(".opblock-summary-path", has_text="/api/v1/runs/{run_id}/cancel")).to_be_visible()
+    page.goto("/redoc")
+    expect(page.get_by_role("heading", name=re.compile("^kvcanary"))).to_be_visible()
+    expect(page.get_by_text("/api/v1/runs/{run_id}/cancel").first).to_be_attached()
+    elsewhere = [url for url in requested if not url.startswith((dashboard.url, "data:", "blob:"))]
+    assert elsewhere == [] and console_errors == []

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,9 +81,10 @@ class LiveService:
         return path.read_text(errors="replace")[-3000:] if path.exists() else ""
 
     def token(self, role: Role, name: str | None = None) -> str:
+        """A new token; without a name, one no other token of this service has (names are unique)."""
         upgrade(self.database_url)
         with session_scope(self.database_url) as session:
-            return create_token(session, name or f"test-{role.value}", role)
+            return create_token(session, name or f"test-{role.value}-{uuid.uuid4().hex[:8]}", role)
 
 
 class SubmitClient:
@@ -174,8 +176,6 @@ def bearer(token: str) -> dict[str, str]:
 
 def _fresh_postgres_database(server_url: str) -> str:
     """A new, empty database on the test PostgreSQL server; its URL."""
-    import uuid
-
     from sqlalchemy import create_engine, text
 
     name = f"kvc_{uuid.uuid4().hex[:12]}"

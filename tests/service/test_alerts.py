@@ -243,3 +243,30 @@ def test_a_receiver_that_recovers_gets_the_alert_and_a_refusing_one_is_not_retri
     assert len(receiver.requests) == 4  # one more try only: a 400 will not change on retry
     [failure] = _events(database_url, second, "alert_failed")
     assert "after 1 attempt(s): HTTP 400" in failure
+
+
+def test_slack_alerts_escape_control_sequences_in_every_quoted_value(
+    receiver: Receiver, database_url: str, tmp_path: Path
+) -> None:
+    """A label `<!channel>` must not ping the channel, nor `<url|text>` show a link as other text;
+    the generic JSON body keeps the values as they are (its readers parse JSON, not Slack markup)."""
+    hostile = "<!channel> see <https://evil.example/|the run page> & more"
+    failing = _judged(100)
+    run_id = _finished_run(database_url, "kimi", Status.FAILED, failing, error="boom <!here> & <@U123>")
+    with session_scope(database_url) as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        run.labels = {"git_sha": hostile}
+    settings = _settings(
+        tmp_path, database_url, alert_webhooks=[f"{receiver.url}/generic"], alert_slack_webhooks=[receiver.url]
+    )
+    assert alert_run(settings, run_id, "test")
+    [slack] = receiver.bodies("/")
+    [generic] = receiver.bodies("/generic")
+    text = slack["text"]
+    assert "<" not in text and ">" not in text, text
+    assert "&lt;!channel&gt; see &lt;https://evil.example/|the run page&gt; &amp; more" in text
+    assert "boom &lt;!here&gt; &amp; &lt;@U123&gt;" in text
+    assert f"{PUBLIC_URL}/runs/{run_id}" in text  # the link to the run still works
+    assert generic["run"]["labels"]["git_sha"] == hostile and hostile in generic["text"]
+    assert "slack_text" not in generic

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.engine
 
 
 def test_run_whisper_fixture_profile_here(tmp_path: Path) -> None:
+    """Also checks the run folder's modes; the command runs under a permissive umask, as a shell may."""
     env = {**os.environ, **OFFLINE_ENV, "KVCANARY_DATA_DIR": str(tmp_path / "data")}
     junit = tmp_path / "wer.xml"
     done = subprocess.run(
@@ -39,6 +40,7 @@ def test_run_whisper_fixture_profile_here(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=1200,
+        umask=0o022,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "wer" in done.stdout and "pass" in done.stdout
@@ -55,6 +57,20 @@ def test_run_whisper_fixture_profile_here(tmp_path: Path) -> None:
         )
     case = ET.parse(junit).getroot().find("testcase")
     assert case is not None and case.get("name") == "wer [fixed]" and case.find("failure") is None
+    assert_private(tmp_path / "data")
+
+
+def assert_private(data_dir: Path) -> None:
+    """Every folder under the data folder is 0700 and every file 0600: the run's folder, engine
+    log, receipts and suite work files, whoever wrote them (kvcanary, the engine, the suite)."""
+    found = [data_dir, *data_dir.rglob("*")]
+    assert any(p.name == "engine.log" for p in found) and any(p.name == "receipts" for p in found), found
+    loose = [
+        f"{p.relative_to(data_dir)} {p.stat().st_mode & 0o777:o}"
+        for p in found
+        if not p.is_symlink() and p.stat().st_mode & 0o777 != (0o700 if p.is_dir() else 0o600)
+    ]
+    assert loose == [], loose
 
 
 def test_run_a_vllm_format_config_here(tmp_path: Path) -> None:

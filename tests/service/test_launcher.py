@@ -170,6 +170,22 @@ time.sleep(600)
 """
 
 
+def test_an_engine_writes_private_files_whatever_the_services_umask(tmp_path: Path) -> None:
+    """The log and everything the engine creates in the run folder (receipts, caches) are the
+    service user's alone, even where the service itself runs under a permissive umask."""
+    log, made = tmp_path / "engine.log", tmp_path / "made"
+    script = f"import os; open({str(made / 'receipt.json')!r}, 'w').write('{{}}'); print('wrote')"
+    made.mkdir(mode=0o700)
+    previous = os.umask(0o022)
+    try:
+        process = start_group([sys.executable, "-c", script], dict(os.environ), log)
+        assert process.wait(30) == 0, log.read_text()
+    finally:
+        os.umask(previous)
+    assert "wrote" in log.read_text()
+    assert (log.stat().st_mode & 0o777, (made / "receipt.json").stat().st_mode & 0o777) == (0o600, 0o600)
+
+
 def test_stop_group_escalates_to_sigkill_and_leaves_nobody(tmp_path: Path) -> None:
     log = tmp_path / "tree.log"
     process = start_group([sys.executable, "-c", STUBBORN_TREE], dict(os.environ), log)

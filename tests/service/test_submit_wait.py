@@ -25,8 +25,9 @@ def submit(service: LiveService, *extra: str) -> SubmitClient:
 
 
 def cancel_and_see_it_followed(service: LiveService, client: SubmitClient, run_id: int) -> None:
-    """The run, which no worker picks up, is cancelled: a client that follows it exits 2 with its status."""
-    cancel = httpx.post(f"{service.url}/api/v1/runs/{run_id}/cancel", headers=bearer(service.token(Role.CI)))
+    """The run, which no worker picks up, is cancelled (by an admin: the client's token is its own):
+    a client that follows it exits 2 with its status."""
+    cancel = httpx.post(f"{service.url}/api/v1/runs/{run_id}/cancel", headers=bearer(service.token(Role.ADMIN)))
     assert cancel.status_code == 200, cancel.text
     assert client.exit_code() == 2, client.output()
     assert "cancelled" in client.output()

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from service.auth import Role, create_token
+from service.auth import Role, create_token, lookup
 from service.db.models import ApiToken, utcnow
 from service.db.session import session_scope
 from service.settings import get_settings
@@ -57,8 +57,11 @@ def test_admin_api_lists_creates_and_revokes_tokens(service: LiveService) -> Non
 
 def test_an_expired_token_gets_401(service: LiveService) -> None:
     with session_scope(service.database_url) as session:
-        expired = create_token(session, "old-ci", Role.CI, expires_at=utcnow() - timedelta(seconds=1))
+        expired = create_token(session, "old-ci", Role.CI, expires_at=utcnow() + timedelta(hours=1))
         live = create_token(session, "new-ci", Role.CI, expires_at=utcnow() + timedelta(hours=1))
+        row = lookup(session, expired)
+        assert row is not None
+        row.expires_at = utcnow() - timedelta(seconds=1)  # time passes: no token can be made expired
     trigger = {"profile": PROFILE}
     assert httpx.post(f"{service.url}/api/v1/runs", json=trigger, headers=bearer(expired)).status_code == 401
     assert httpx.post(f"{service.url}/api/v1/runs", json=trigger, headers=bearer(live)).status_code == 201
@@ -124,7 +127,8 @@ def test_idempotency_keys_belong_to_their_caller_and_their_request(service: Live
 def test_cookie_changes_need_the_pages_csrf_token(service: LiveService) -> None:
     admin = service.token(Role.ADMIN, "cookie-admin")
     change = {"profile": PROFILE, "suite": "gsm8k", "metric": "strict-match", "source": "csrf check"}
-    with httpx.Client(base_url=service.url, cookies={"kvcanary_token": admin}) as browser:
+    with httpx.Client(base_url=service.url) as browser:
+        assert browser.post("/login", data={"token": admin}).status_code == 303
         refused = browser.put("/api/v1/baselines", json=change)
         assert refused.status_code == 403 and "X-CSRF-Token" in refused.text
         page = browser.get(f"/profiles/{PROFILE}").text

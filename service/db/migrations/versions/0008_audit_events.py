@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0008_audit_events"
-down_revision = "0005"
+down_revision = "0007_sessions_token_names"
 branch_labels = None
 depends_on = None
 
