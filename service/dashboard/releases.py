@@ -7,6 +7,7 @@ Both render the documents the API returns (`release_index`, `release_summary`), 
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, status
@@ -62,6 +63,8 @@ def release_page(
             value=value, recent=recent, others=[],
         )  # fmt: skip
     others = [r.value for r in releases_of(session, key) if r.value != value][:50]
+    command = f"kvcanary release-report {shlex.quote(f'{key}={value}')}"
     return page(
-        request, "release.html", caller, summary=summary, problem="", key=key, value=value, recent=[], others=others
+        request, "release.html", caller, summary=summary, problem="", key=key, value=value, recent=[], others=others,
+        command=command,
     )  # fmt: skip

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from urllib.parse import quote
 
-from sqlalchemy import ColumnElement, func, select
+from sqlalchemy import ColumnElement, func, literal_column, select
 from sqlalchemy.orm import Session, load_only
 
 from service.db.models import Run, SuiteResult
@@ -82,10 +82,12 @@ def _value_of(key: str) -> ColumnElement[str]:
 def releases_of(session: Session, key: str) -> list[Release]:
     """Every value of `key` on stored runs, the newest release (by its first run) first."""
     value = _value_of(key)
+    # Grouped by the output column's name: PostgreSQL binds the key in the select list and in a
+    # GROUP BY expression as two parameters, and then cannot tell they are the same expression.
     rows = session.execute(
-        select(value, func.min(Run.created_at), func.max(Run.created_at), func.count())
+        select(value.label("release"), func.min(Run.created_at), func.max(Run.created_at), func.count())
         .where(value.is_not(None))
-        .group_by(value)
+        .group_by(literal_column("release"))
     ).all()
     found = [Release(str(v), first, last, n) for v, first, last, n in rows]
     return sorted(found, key=lambda r: (r.first_run_at, r.value), reverse=True)
