@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from urllib.parse import quote
 
@@ -34,6 +36,19 @@ from tests.browser.release_seed import (
 from tests.browser.seed import FILLER, GSM8K, PROFILES, WHISPER
 from tests.conftest import OFFLINE_ENV
 from tests.service.conftest import LiveService
+from tests.service.test_client_imports import SERVER_PACKAGES
+
+# `kvcanary` with the server's packages made unimportable, as a bare `pip install kvcanary` has it.
+CLIENT_ONLY = """
+import importlib.abc, sys
+class Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in set(sys.argv[1].split(",")):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked: not in the client install)")
+sys.meta_path.insert(0, Blocked())
+from service.cli import app
+app(sys.argv[2:], prog_name="kvcanary")
+"""
 
 
 class Releases(LiveService):
@@ -110,12 +125,8 @@ def test_a_required_profile_still_queued_leaves_the_release_incomplete(service: 
     assert "arm_a=fixed&arm_b=fixed" in gsm8k.comparison.diff_links["fixed"]
     named = ReleaseSummary.model_validate(service.release(PARTIAL, previous=PREVIOUS).json())
     assert named.previous == PREVIOUS
-    assert (
-        next(r for r in named.profiles if r.profile == GSM8K).comparison.previous_run_id
-        == (  # type: ignore[union-attr]
-            service.seeded.runs[PREVIOUS][GSM8K]
-        )
-    )
+    against = next(r for r in named.profiles if r.profile == GSM8K).comparison
+    assert against is not None and against.previous_run_id == service.seeded.runs[PREVIOUS][GSM8K]
 
 
 def test_ready_with_any_characters_in_the_value(service: Releases) -> None:
@@ -172,6 +183,13 @@ def test_release_report_prints_markdown_and_json_with_exit_codes(service: Releas
     )  # fmt: skip
     assert partial.exit_code == 3, partial.output
     assert f"change since vllm\\_version={PREVIOUS}" in partial.stdout
+
+    client = subprocess.run(
+        [sys.executable, "-c", CLIENT_ONLY, ",".join(SERVER_PACKAGES), "release-report", f"{KEY}={BLOCKED}"],
+        env={**os.environ, "KVCANARY_URL": service.url}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert client.returncode == 1, client.stderr
+    assert client.stdout == blocked.stdout, "the client install prints the same report"
 
     missing = runner.invoke(app, ["release-report", f"{KEY}=9.9.9", "--url", service.url])
     assert missing.exit_code == 2
