@@ -6,6 +6,7 @@ The seed (`tests/browser/release_seed.py`) holds a ready, a blocked and an incom
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -16,6 +17,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from markdown_it import MarkdownIt
 from typer.testing import CliRunner
 
 from service.cli import app
@@ -173,10 +175,12 @@ def test_release_report_prints_markdown_and_json_with_exit_codes(service: Releas
     assert hostile.exit_code == 0, hostile.output
     summary = ReleaseSummary.model_validate_json(hostile.stdout)
     assert summary.value == HOSTILE and summary.state == "ready"
-    rendered = release_markdown(summary)
-    assert "<b>" not in rendered and all(
-        len(re.findall(r"(?<!\\)\|", line)) == 10 for line in rendered.splitlines() if line.startswith("|")
-    )
+    rendered = MarkdownIt("commonmark").enable("table").render(release_markdown(summary))
+    cells = [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", rendered, re.S)[1:]]
+    assert [len(row) for row in cells] == [9] * 4, "a rendered table row per metric, nine cells each"
+    title = re.search(r"<h2>(.*?)</h2>", rendered)
+    assert title is not None and html.unescape(title[1]) == f"kvcanary release {KEY}={HOSTILE}: READY"
+    assert "<b>" not in rendered
 
     partial = runner.invoke(
         app, ["release-report", f"{KEY}={PARTIAL}", "--url", service.url, "--previous", PREVIOUS]

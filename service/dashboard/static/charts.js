@@ -85,8 +85,9 @@
 
   draw(JSON.parse(document.getElementById("trend-data").textContent), "data-series", { type: "date" });
   const byRelease = JSON.parse(document.getElementById("release-trend-data").textContent);
+  // Half a category of room each side, so the first and last labels are not cut at the edges.
   draw(byRelease.series, "data-release-series", {
     type: "category", categoryorder: "array", categoryarray: byRelease.releases.map(escapeHtml),
-    title: { text: byRelease.key },
+    range: [-0.5, byRelease.releases.length - 0.5], automargin: true, title: { text: byRelease.key },
   });
 })();
