@@ -207,10 +207,12 @@ def _metrics(run: Run, results: Sequence[SuiteResult], profile: Profile | None) 
 
 
 def _reasons(run: Run, metrics: Sequence[MetricOutcome]) -> list[str]:
-    """What failed, metric by metric (the arm named where the run had several), or the run's error."""
+    """Why a failed or errored run did: its failing metrics (the arm named where it had several), or its error."""
     if run.status == "error":
         first = (run.error or "no error recorded").strip().splitlines()[0][:300]
         return [f"errored (run #{run.id}): {first}"]
+    if run.status != "failed":  # a passed A/B run's control arm may fail as the run expected
+        return []
     arms = {m.arm for m in metrics}
     reasons = []
     for m in metrics:
@@ -218,9 +220,7 @@ def _reasons(run: Run, metrics: Sequence[MetricOutcome]) -> list[str]:
             arm = f" [{m.arm}]" if len(arms) > 1 else ""
             line = f" (pass line {format_number(m.threshold)})" if m.threshold is not None else ""
             reasons.append(f"{m.suite}.{m.metric}{arm} {format_number(m.value)}{line}")
-    if run.status == "failed":
-        return [f"failed (run #{run.id}): {', '.join(reasons) or run.verdict_summary}"]
-    return reasons
+    return [f"failed (run #{run.id}): {', '.join(reasons) or run.verdict_summary}"]
 
 
 def _paired(diff_arm: str, suites: Sequence[SuiteDiff]) -> list[PairedChange]:
