@@ -51,7 +51,7 @@
       name: LABELS[verdict] || verdict.replaceAll("_", " "),
       x: pts.map(xOf),
       y: pts.map((p) => p.value),
-      customdata: pts.map((p) => p.link || `/runs/${p.run_id}`),
+      customdata: pts.map((p) => p.link || p.run_id),  // a run's id, or a release's page
       text: pts.map((p) => escapeHtml(`run #${p.run_id}${arms.size > 1 ? ` arm ${p.arm}` : ""}${p.git_sha ? ` @ ${p.git_sha}` : ""}`)),
       mode: "markers",
       marker: { color: COLOURS[verdict] || COLOURS.none, size: 9, symbol: pts.map((p) => (p.arm === [...arms][0] ? "circle" : "diamond")) },
@@ -78,7 +78,7 @@
       Plotly.newPlot(el, [...bandTraces(s), ...pointTraces(s)], layout, { displaylogo: false, responsive: true });
       el.on("plotly_click", (event) => {
         const target = event.points[0] && event.points[0].customdata;
-        if (target) location.href = target;
+        if (target) location.href = typeof target === "number" ? `/runs/${target}` : target;
       });
     });
   }
