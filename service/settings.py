@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -10,6 +11,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from service.profiles import NAME_PATTERN
+from service.schemas import LABEL_KEY
 
 PACKAGED_PROFILES = Path(__file__).resolve().parent / "profiles"
 
@@ -48,6 +52,10 @@ class Settings(BaseSettings):
     alert_attempts: int = Field(4, ge=1, le=10, description="Tries per webhook and alert")
     alert_backoff_s: float = Field(2.0, ge=0, description="Wait before the 2nd try; doubles each try")
     alert_poll_s: float = Field(5.0, gt=0, description="How often the alert watcher looks for finished runs")
+    release_label: str = Field("vllm_version", pattern=LABEL_KEY, description="The label key that names a release")
+    release_required_profiles: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Profiles every release needs passed, comma-separated"
+    )
 
     @field_validator("vllm_configs", mode="before")
     @classmethod
@@ -55,6 +63,21 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [Path(part) for part in value.split(os.pathsep) if part.strip()]
         return value
+
+    @field_validator("release_required_profiles", mode="before")
+    @classmethod
+    def _split_names(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("release_required_profiles")
+    @classmethod
+    def _profile_names(cls, names: list[str]) -> list[str]:
+        bad = [name for name in names if not re.match(NAME_PATTERN, name)]
+        if bad:
+            raise ValueError(f"not profile names: {', '.join(map(repr, bad))} (each must match {NAME_PATTERN})")
+        return list(dict.fromkeys(names))
 
     def resolved_database_url(self) -> str:
         if self.database_url:

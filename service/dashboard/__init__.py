@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from service.dashboard import access, assets, profiles, runs
+from service.dashboard import access, assets, profiles, releases, runs
 from service.dashboard.render import STATIC_DIR
 
 
@@ -14,6 +14,7 @@ def install(app: FastAPI) -> None:
     app.include_router(access.router)
     app.include_router(runs.router)
     app.include_router(profiles.router)
+    app.include_router(releases.router)
     app.include_router(assets.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.add_exception_handler(access.LoginRequired, access.login_redirect)

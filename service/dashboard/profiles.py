@@ -13,11 +13,13 @@ from service.auth import Role, allows
 from service.dashboard.access import PageCaller
 from service.dashboard.render import page
 from service.dashboard.views import current_threshold, profile_overviews, trends
+from service.releases.trends import release_trends
 from service.schemas import ProfileOut
 
 router = APIRouter(include_in_schema=False)
 
 HISTORY_ROWS = 20
+RELEASES_SHOWN = 30
 
 
 @router.get("/profiles", response_class=HTMLResponse)
@@ -49,6 +51,7 @@ def profile_page(
         name=name,
         profile=ProfileOut.of(loaded) if loaded else None,
         series=series,
+        by_release=release_trends(session, name, request.app.state.settings.release_label, RELEASES_SHOWN),
         baselines=[(b, current_threshold(b)) for b in rows],
         history=baselines.history(session, name)[:HISTORY_ROWS],
         last=last,

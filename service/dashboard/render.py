@@ -13,6 +13,7 @@ from fastapi.templating import Jinja2Templates
 
 from service.api.deps import ANONYMOUS, COOKIE, Caller, csrf_token
 from service.dashboard.assets import PLOTLY_URL
+from service.releases.schemas import release_path
 from service.runs.state import ACTIVE, Status
 
 HERE = Path(__file__).resolve().parent
@@ -109,7 +110,9 @@ def _templates() -> Jinja2Templates:
         when=when, duration=duration, since=since, number=number, question=question_of, token_strip=token_strip
     )
     env.tests["link"] = is_link
-    env.globals.update(with_query=with_query, LIVE=LIVE, PLOTLY_URL=PLOTLY_URL, ANONYMOUS=ANONYMOUS)
+    env.globals.update(
+        with_query=with_query, LIVE=LIVE, PLOTLY_URL=PLOTLY_URL, ANONYMOUS=ANONYMOUS, release_path=release_path
+    )
     return templates
 
 

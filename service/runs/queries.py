@@ -18,7 +18,7 @@ SUMMARY_COLUMNS = (
 )  # fmt: skip
 
 
-def _label_is(dialect: str, key: str, value: str) -> ColumnElement[bool]:
+def label_is(dialect: str, key: str, value: str) -> ColumnElement[bool]:
     """On PostgreSQL a containment test, which the GIN index on labels answers."""
     if dialect == "postgresql":
         return type_coerce(Run.labels, JSONB).contains({key: value})
@@ -36,7 +36,7 @@ def _runs_query(
     if trigger:
         query = query.where(Run.trigger == trigger)
     for key, value in (label or {}).items():
-        query = query.where(_label_is(dialect, key, value))
+        query = query.where(label_is(dialect, key, value))
     return query
 
 

@@ -170,7 +170,9 @@ def _number(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def _store(session: Session, run: Run, suite: str, judgement: MetricJudgement, direction: str) -> None:
+def _store(
+    session: Session, run: Run, suite: str, judgement: MetricJudgement, direction: str, arm: str = "fixed"
+) -> None:
     """The result row scoring would write for this judgement."""
     details = judgement.details
     metric = MetricValue(
@@ -182,7 +184,7 @@ def _store(session: Session, run: Run, suite: str, judgement: MetricJudgement, d
         ci_high=_number(details.get("ci_high")),
         direction=direction,
     )
-    store.save_result(session, run, "fixed", suite, metric, 0.0, judgement)
+    store.save_result(session, run, arm, suite, metric, 0.0, judgement)
 
 
 def _conclude(run: Run, judgements: list[MetricJudgement]) -> None:

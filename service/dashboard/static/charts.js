@@ -1,25 +1,29 @@
 // Profile page: one plotly trend chart per metric. Points are runs (error bars: their CI),
 // coloured by verdict; the baseline and pass line in force at each run bound the shaded
 // tolerance band, extended to today with the current baseline. A click opens the run.
+// The "by release" charts draw the same over releases (a category axis, oldest first): a
+// point is a release's latest decided run, and a click opens the release.
 "use strict";
 (() => {
   const COLOURS = {
     pass: "#1a7f37", fail: "#cf222e", inconclusive: "#9a6700", no_baseline: "#6e7781", none: "#8250df",
   };
   const LABELS = { none: "no verdict (A/B control)" };
-  const series = JSON.parse(document.getElementById("trend-data").textContent);
 
   // Plotly renders hover text as HTML (links included); labels are anyone's text, so escape
   // them. Without `<` no tag can form; Plotly decodes these three entities and no others.
   const ENTITIES = { "&": "&amp;", "<": "&lt;", ">": "&gt;" };
   const escapeHtml = (text) => String(text).replace(/[&<>]/g, (c) => ENTITIES[c]);
 
+  // A release names the x of its points (escaped: Plotly draws tick labels as HTML too).
+  const xOf = (p) => (p.release !== undefined ? escapeHtml(p.release) : p.at);
+
   function bandTraces(s) {
     const withBand = s.points.filter((p) => p.baseline !== null && p.threshold !== null);
-    const xs = withBand.map((p) => p.at);
+    const xs = withBand.map(xOf);
     const base = withBand.map((p) => p.baseline);
     const pass = withBand.map((p) => p.threshold);
-    if (s.current) {
+    if (s.current) {  // the run charts only: extend the band to today
       const first = s.points.length ? s.points[0].at : new Date().toISOString();
       if (!xs.length) { xs.push(first); base.push(s.current.value); pass.push(s.current.threshold); }
       xs.push(new Date().toISOString());
@@ -45,9 +49,9 @@
     const arms = new Set(s.points.map((p) => p.arm));
     return [...byVerdict].map(([verdict, pts]) => ({
       name: LABELS[verdict] || verdict.replaceAll("_", " "),
-      x: pts.map((p) => p.at),
+      x: pts.map(xOf),
       y: pts.map((p) => p.value),
-      customdata: pts.map((p) => p.run_id),
+      customdata: pts.map((p) => p.link || p.run_id),  // a run's id, or a release's page
       text: pts.map((p) => escapeHtml(`run #${p.run_id}${arms.size > 1 ? ` arm ${p.arm}` : ""}${p.git_sha ? ` @ ${p.git_sha}` : ""}`)),
       mode: "markers",
       marker: { color: COLOURS[verdict] || COLOURS.none, size: 9, symbol: pts.map((p) => (p.arm === [...arms][0] ? "circle" : "diamond")) },
@@ -60,20 +64,30 @@
     }));
   }
 
-  series.forEach((s, index) => {
-    const el = document.querySelector(`[data-series="${index}"]`);
-    const layout = {
-      title: { text: `${s.suite} · ${s.metric} (${s.direction} is better)`, font: { size: 14 } },
-      margin: { l: 60, r: 20, t: 40, b: 40 },
-      hovermode: "closest",
-      xaxis: { type: "date" },
-      yaxis: { title: { text: s.metric }, tickformat: ".3f" },
-      legend: { orientation: "h", y: -0.15 },
-    };
-    Plotly.newPlot(el, [...bandTraces(s), ...pointTraces(s)], layout, { displaylogo: false, responsive: true });
-    el.on("plotly_click", (event) => {
-      const runId = event.points[0] && event.points[0].customdata;
-      if (runId) location.href = `/runs/${runId}`;
+  function draw(series, attribute, xaxis) {
+    series.forEach((s, index) => {
+      const el = document.querySelector(`[${attribute}="${index}"]`);
+      const layout = {
+        title: { text: `${s.suite} · ${s.metric} (${s.direction} is better)`, font: { size: 14 } },
+        margin: { l: 60, r: 20, t: 40, b: 40 },
+        hovermode: "closest",
+        xaxis,
+        yaxis: { title: { text: s.metric }, tickformat: ".3f" },
+        legend: { orientation: "h", y: -0.15 },
+      };
+      Plotly.newPlot(el, [...bandTraces(s), ...pointTraces(s)], layout, { displaylogo: false, responsive: true });
+      el.on("plotly_click", (event) => {
+        const target = event.points[0] && event.points[0].customdata;
+        if (target) location.href = typeof target === "number" ? `/runs/${target}` : target;
+      });
     });
+  }
+
+  draw(JSON.parse(document.getElementById("trend-data").textContent), "data-series", { type: "date" });
+  const byRelease = JSON.parse(document.getElementById("release-trend-data").textContent);
+  // Half a category of room each side, so the first and last labels are not cut at the edges.
+  draw(byRelease.series, "data-release-series", {
+    type: "category", categoryorder: "array", categoryarray: byRelease.releases.map(escapeHtml),
+    range: [-0.5, byRelease.releases.length - 0.5], automargin: true, title: { text: byRelease.key },
   });
 })();

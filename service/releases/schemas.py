@@ -1,0 +1,138 @@
+"""The release summary document: the API returns it, the CLI prints it, the page renders it.
+
+Like `RunDetail` for a run, one document holds every number and sentence about a release, so
+the page, `kvcanary release-report` and `GET /api/v1/releases/{key}={value}` never disagree.
+It imports nothing of the server: the client parses it from the service's JSON.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+from urllib.parse import quote
+
+from pydantic import BaseModel, Field
+
+ReleaseState = Literal["ready", "blocked", "incomplete"]
+# How a profile stands in a release: its latest decided run's status, or why there is none.
+Outcome = Literal["passed", "failed", "error", "running", "not_run"]
+NOT_RUN: Literal["not_run"] = "not_run"
+
+
+def release_path(key: str, value: str) -> str:
+    """`key=value` quoted for a URL path: a value may hold `/`, `?`, `#`, `%` or anything printable."""
+    return quote(f"{key}={value}", safe="=")
+
+
+class ReleaseRun(BaseModel):
+    """The run a profile's row is read from."""
+
+    id: int
+    status: str
+    verdict: str | None
+    verdict_summary: str
+    error: str
+    variants: list[str]
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class MetricOutcome(BaseModel):
+    """One (arm, suite, metric) of a run; `verdict` "not_run" and no metric when the suite has no result."""
+
+    arm: str = Field(description="The arm's name as the run stored it (opaque)")
+    suite: str
+    metric: str | None
+    value: float | None
+    n: int | None
+    ci_low: float | None
+    ci_high: float | None
+    direction: str | None
+    baseline: float | None
+    threshold: float | None
+    verdict: str
+    explanation: str
+
+
+class MetricChange(BaseModel):
+    """A metric in both runs: this release's value against the previous release's."""
+
+    arm: str
+    suite: str
+    metric: str
+    direction: str
+    previous: float
+    current: float
+    delta: float = Field(description="current - previous")
+    worse: bool = Field(description="The change goes against the metric's direction")
+
+
+class PairedChange(BaseModel):
+    """From the paired run diff of one arm and suite: items that got worse and better on the same inputs."""
+
+    arm: str
+    suite: str
+    kind: str = Field(description="accuracy: flips of `metric`; wer: utterances; drift: prompts")
+    metric: str | None
+    matched: int
+    worse: int = Field(description="accuracy: right->wrong; wer: more word errors; drift: diverged")
+    better: int = Field(description="accuracy: wrong->right; wer: fewer word errors; drift: 0")
+    summary: str
+
+
+class Comparison(BaseModel):
+    """The profile's latest decided run of the previous release against this one's."""
+
+    previous_run_id: int
+    metrics: list[MetricChange]
+    paired: list[PairedChange]
+    diff_links: dict[str, str] = Field(description="arm -> the dashboard's paired diff of the two runs")
+    problem: str = Field("", description="Why some of the two runs could not be paired, if anything")
+
+
+class ProfileRelease(BaseModel):
+    """One profile's row: its latest decided run in the release, and the change since the previous one."""
+
+    profile: str
+    required: bool
+    outcome: Outcome
+    runs: int = Field(description="Runs of this profile carrying the release's label")
+    run: ReleaseRun | None = Field(description="The latest passed, failed or errored run")
+    pending_run_id: int | None = Field(description="A newer run still queued or going")
+    metrics: list[MetricOutcome]
+    reasons: list[str] = Field(description="What failed, when the outcome is failed or error")
+    comparison: Comparison | None
+    previous_note: str = Field("", description="Why there is no comparison")
+
+
+class ReleaseSummary(BaseModel):
+    key: str
+    value: str
+    state: ReleaseState
+    line: str = Field(description="The one-line answer: ready, or what blocks, or what has not run")
+    blocking: list[str] = Field(description="Required profiles that failed or errored, each with why")
+    missing: list[str] = Field(description="Required profiles with no decided run yet")
+    required: list[str]
+    previous: str | None = Field(description="The release compared with (a value of the same key)")
+    previous_note: str
+    profiles: list[ProfileRelease]
+    links: dict[str, str]
+
+
+class ReleaseListing(BaseModel):
+    """A release in the list: its state from the runs' statuses alone."""
+
+    value: str
+    state: ReleaseState
+    line: str
+    runs: int
+    profiles: list[str]
+    first_run_at: datetime
+    last_run_at: datetime
+    link: str
+
+
+class ReleaseIndex(BaseModel):
+    key: str
+    required: list[str]
+    releases: list[ReleaseListing] = Field(description="Newest first (by each release's first run)")
