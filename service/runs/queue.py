@@ -27,8 +27,9 @@ def enqueue(
     triggered_by: str,
     labels: Mapping[str, str],
     overrides: Mapping[str, Any],
-    variants: list[str],
+    arms: list[dict[str, Any]],
     max_attempts: int,
+    expect: Mapping[str, str] | None = None,
     idempotency_key: str | None = None,
 ) -> tuple[Run, bool]:
     """Queue a run; with an idempotency key already used, return that run instead (created=False)."""
@@ -43,7 +44,8 @@ def enqueue(
         triggered_by=triggered_by,
         labels=dict(labels),
         overrides=dict(overrides),
-        variants=list(variants),
+        arms=list(arms),
+        expect=dict(expect) if expect else None,
         max_attempts=max_attempts,
         idempotency_key=idempotency_key,
     )

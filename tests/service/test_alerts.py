@@ -89,7 +89,7 @@ def _finished_run(url: str, profile: str, end: Status, judgement: MetricJudgemen
             triggered_by="test",
             labels={"vllm_version": "0.24.0"},
             overrides={},
-            variants=[],
+            arms=[],
             max_attempts=1,
         )
         session.flush()
