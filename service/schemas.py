@@ -347,6 +347,8 @@ class ProfileOut(BaseModel):
     tensor_parallel_size: int
     baselines: dict[str, dict[str, Any]]
     schedule: dict[str, Any] | None
+    arms: list[str] = Field(default_factory=list, description="Names of the default arms of a run that names none")
+    expect: dict[str, str] | None = None
 
     @classmethod
     def of(cls, profile: Profile) -> ProfileOut:
@@ -362,6 +364,8 @@ class ProfileOut(BaseModel):
             tensor_parallel_size=profile.engine.tensor_parallel_size,
             baselines={s: {m: b.model_dump() for m, b in ms.items()} for s, ms in profile.baselines.items()},
             schedule=profile.schedule.model_dump() if profile.schedule else None,
+            arms=[arm.name for arm in profile.compare or []],
+            expect=profile.expect,
         )
 
 

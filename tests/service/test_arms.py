@@ -5,6 +5,7 @@ how per-arm verdicts become a run's outcome (real SQLite rows through the scorin
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import httpx
 import pytest
 import yaml
 from pydantic import ValidationError
-from sqlalchemy import create_engine, text
+from sqlalchemy import MetaData, Table, create_engine
 
 from service.arms import ArmError, describe_outcome, parse_compare, parse_expect, plan
 from service.auth import Role
@@ -32,7 +33,7 @@ from service.report import write_junit
 from service.runs import queue, scoring
 from service.schemas import RunDetail
 from service.settings import PACKAGED_PROFILES
-from tests.service.conftest import LiveService, bearer
+from tests.service.conftest import LiveService, _fresh_postgres_database, bearer
 
 CHUNKED = "fixed,max_num_batched_tokens=64"
 DEFAULTS = "gsm8k-tiny-arms"  # a profile with its own default arms and expectations
@@ -255,8 +256,6 @@ def test_exit_codes_and_junit_follow_the_outcome_when_expectations_are_given(tmp
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveService]:
     """`kvcanary serve` (worker off) with the CPU fixture profile and a copy that has default arms."""
-    import os
-
     from tests.conftest import OFFLINE_ENV
 
     root = tmp_path_factory.mktemp("arms")
@@ -317,6 +316,9 @@ def test_the_profiles_default_arms_run_unless_the_request_names_its_own(service:
     assert default["variants"] == ["fixed", CHUNKED] and default["expect"] == {"fixed": "pass", CHUNKED: "pass"}
     replaced = post(service, {"profile": DEFAULTS, "compare": ["stock", "fixed"]}).json()
     assert replaced["variants"] == ["stock", "fixed"] and replaced["expect"] is None
+    [shown] = [p for p in httpx.get(f"{service.url}/api/v1/profiles").json() if p["name"] == DEFAULTS]
+    assert shown["arms"] == ["fixed", CHUNKED] and shown["expect"] == {"fixed": "pass", CHUNKED: "pass"}
+    assert "Default arms" in httpx.get(f"{service.url}/profiles/{DEFAULTS}").text
 
 
 @pytest.mark.parametrize(
@@ -351,7 +353,7 @@ def test_an_idempotency_key_matches_the_same_arms_in_either_form_and_refuses_oth
 def test_submit_sends_the_cli_spelling_of_arms_and_expectations(service: LiveService) -> None:
     argv = [sys.executable, "-m", "service", "submit", "--url", service.url, "--profile", "gsm8k-tiny-cpu"]
     argv += ["--compare", "fixed", "--compare", CHUNKED, "--expect", f"{CHUNKED}=pass", "--expect", "fixed=pass"]
-    env = {**dict(__import__("os").environ), "KVCANARY_TOKEN": service.token(Role.CI, "arms-cli")}
+    env = {**os.environ, "KVCANARY_TOKEN": service.token(Role.CI, "arms-cli")}
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     run_id = int(re.search(r"run (\d+) queued", done.stdout).group(1))  # type: ignore[union-attr]
@@ -362,24 +364,36 @@ def test_submit_sends_the_cli_spelling_of_arms_and_expectations(service: LiveSer
     assert bad.returncode == 2 and "kv_cache_dtype=fp8" in bad.stdout + bad.stderr
 
 
-def test_stored_runs_keep_their_variants_as_plain_arms(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'old.db'}"
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database, not yet migrated: a SQLite file, and (where a server is up) PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'old.db'}"
+    server = os.environ.get("KVCANARY_TEST_POSTGRES_URL")
+    if not server:
+        pytest.skip("no PostgreSQL server: scripts/test.sh starts one (KVCANARY_TEST_POSTGRES_URL)")
+    return _fresh_postgres_database(server)
+
+
+def test_stored_runs_keep_their_variants_as_plain_arms(empty_database: str) -> None:
+    url = empty_database
     upgrade(url, "0005")
     engine = create_engine(url)
+    runs = Table("runs", MetaData(), autoload_with=engine)
+    row = {
+        "profile": "p", "status": "passed", "trigger": "ci", "triggered_by": "ci", "labels": {}, "overrides": {},
+        "attempt": 1, "max_attempts": 1, "cancel_requested": False, "created_at": datetime.now(UTC),
+        "progress_done": 0, "progress_total": 0, "progress_phase": "", "verdict_summary": "", "error": "",
+        "engine": {}, "timings": {}, "log_tail": "", "run_dir": "",
+    }  # fmt: skip
     with engine.begin() as connection:
-        for variants in ('["stock", "fixed"]', "[]"):
-            connection.execute(
-                text(
-                    "INSERT INTO runs (profile, status, trigger, triggered_by, labels, overrides, variants, attempt,"
-                    " max_attempts, cancel_requested, created_at, progress_done, progress_total, progress_phase,"
-                    " verdict_summary, error, engine, timings, log_tail, run_dir) VALUES ('p', 'passed', 'ci', 'ci',"
-                    " '{}', '{}', :variants, 1, 1, 0, '2026-01-01 00:00:00', 0, 0, '', '', '', '{}', '{}', '', '')"
-                ),
-                {"variants": variants},
-            )
+        connection.execute(runs.insert(), [{**row, "variants": ["stock", "fixed"]}, {**row, "variants": []}])
     engine.dispose()
     upgrade(url)
     with session_scope(url) as session:
         ab, single = session.query(Run).order_by(Run.id).all()
         assert ab.arms == [{"name": v, "variant": v, "engine": {}} for v in ("stock", "fixed")] and single.arms == []
         assert RunDetail.of_run(ab, []).variants == ["stock", "fixed"] and ab.outcome is None
+        # an arm name longer than a variant fits where samples and results keep it
+        name = ArmSpec.model_validate("legacy,block_size=32,enable_chunked_prefill=true,max_num_batched_tokens=64").name
+        session.add(SuiteResult(run_id=ab.id, arm=name, suite="gsm8k", metric="m", value=1.0, n=1))
