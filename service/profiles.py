@@ -11,7 +11,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from evals import suites as suite_registry
 from evals.suites.base import SuiteConfig
@@ -21,6 +31,7 @@ NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 Variant = Literal["fixed", "legacy", "stock"]
 Canary = Literal["nan_kv_tail", "high_block_ids"]
 Expectation = Literal["pass", "fail"]
+ARM_NAME_PATTERN = r"^[a-z0-9_]+(,[a-z_]+=[a-z0-9_]+)*$"
 
 
 class ProfileError(ValueError):
@@ -108,6 +119,13 @@ class ArmSpec(Strict):
                 raise ValueError(f"arm {value!r} sets {key} twice")
             engine[key] = setting
         return {"variant": variant, "engine": engine}
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        """The schema says what validation takes: the mapping, or the name as a string."""
+        mapping = handler.resolve_ref_schema(handler(core_schema))
+        spelt = {"type": "string", "pattern": ARM_NAME_PATTERN, "description": "variant[,key=value...]"}
+        return {"anyOf": [spelt, dict(mapping)], "title": "Arm"}
 
     @property
     def name(self) -> str:
