@@ -32,6 +32,7 @@ Variant = Literal["fixed", "legacy", "stock"]
 Canary = Literal["nan_kv_tail", "high_block_ids"]
 Expectation = Literal["pass", "fail"]
 ARM_NAME_PATTERN = r"^[a-z0-9_]+(,[a-z_]+=[a-z0-9_]+)*$"
+ARM_NAME_MAX = 200  # what the arm columns of samples and results hold
 
 
 class ProfileError(ValueError):
@@ -119,6 +120,12 @@ class ArmSpec(Strict):
                 raise ValueError(f"arm {value!r} sets {key} twice")
             engine[key] = setting
         return {"variant": variant, "engine": engine}
+
+    @model_validator(mode="after")
+    def _name_fits(self) -> ArmSpec:
+        if len(self.name) > ARM_NAME_MAX:
+            raise ValueError(f"arm {self.name[:60]}...: its name is longer than {ARM_NAME_MAX} characters")
+        return self
 
     @classmethod
     def __get_pydantic_json_schema__(cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:

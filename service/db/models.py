@@ -26,9 +26,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
-# An arm's name: its variant and engine overrides (`fixed,max_num_batched_tokens=64`); the
-# longest the seven overrides make is under this.
-ARM_NAME_MAX = 200
+from service.profiles import ARM_NAME_MAX  # an arm's name, `fixed,max_num_batched_tokens=64`
 
 
 def utcnow() -> datetime:
