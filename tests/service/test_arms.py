@@ -397,3 +397,20 @@ def test_stored_runs_keep_their_variants_as_plain_arms(empty_database: str) -> N
         # an arm name longer than a variant fits where samples and results keep it
         name = ArmSpec.model_validate("legacy,block_size=32,enable_chunked_prefill=true,max_num_batched_tokens=64").name
         session.add(SuiteResult(run_id=ab.id, arm=name, suite="gsm8k", metric="m", value=1.0, n=1))
+
+
+def test_kvcanary_run_refuses_arms_and_expectations_before_any_engine_starts(tmp_path: Path) -> None:
+    from tests.conftest import OFFLINE_ENV
+
+    env = {**os.environ, **OFFLINE_ENV, "KVCANARY_DATA_DIR": str(tmp_path / "data")}
+    base = [sys.executable, "-m", "service", "run", "gsm8k-tiny-cpu"]
+    cases = [
+        (["--compare", "fixed,fixed,kv_cache_dtype=fp8"], "arm fixed,kv_cache_dtype=fp8: kv_cache_dtype=fp8"),
+        (["--compare", "stock,fixed", "--expect", "legacy=fail"], "expect names legacy, not an arm of this run"),
+        (["--expect", "fixed=caught"], "must be ARM=pass or ARM=fail"),
+    ]
+    for extra, reason in cases:
+        done = subprocess.run([*base, *extra], env=env, capture_output=True, text=True, timeout=120)
+        said = " ".join((done.stdout + done.stderr).split())
+        assert done.returncode == 2 and reason in said, said
+    assert not (tmp_path / "data" / "runs").exists() or not any((tmp_path / "data" / "runs").iterdir())
