@@ -120,7 +120,8 @@ def plan(
 
 def run_arms(stored: list[dict[str, Any]], profile: Profile) -> list[ArmSpec]:
     """The arms a run executes: its stored ones, else one arm of the (resolved) profile's variant."""
-    return [ArmSpec.model_validate(a) for a in stored] or [ArmSpec(variant=profile.kernels.variant)]
+    arms = [ArmSpec.model_validate({"variant": a["variant"], "engine": a["engine"]}) for a in stored]
+    return arms or [ArmSpec(variant=profile.kernels.variant)]
 
 
 def arm_verdicts(names: Iterable[str], judged: Iterable[tuple[str, str]], dead: Iterable[str]) -> dict[str, ArmVerdict]:

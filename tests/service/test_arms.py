@@ -21,7 +21,7 @@ import yaml
 from pydantic import ValidationError
 from sqlalchemy import MetaData, Table, create_engine
 
-from service.arms import ArmError, describe_outcome, parse_compare, parse_expect, plan
+from service.arms import ArmError, describe_outcome, parse_compare, parse_expect, plan, run_arms
 from service.auth import Role
 from service.cli import _exit_code
 from service.db.migrate import upgrade
@@ -135,6 +135,9 @@ def test_what_the_engine_can_take_is_accepted() -> None:
     ok = ["stock,kv_cache_dtype=fp8", "fixed,kv_cache_dtype=auto", "fixed,enforce_eager=false", CHUNKED]
     planned = plan(cpu_profile(), RunOverrides(), [ArmSpec.model_validate(a) for a in ok], {CHUNKED: "pass"})
     assert [a["name"] for a in planned.stored_arms()] == ok and planned.expect == {CHUNKED: "pass"}
+    # what a run stores is what its worker executes, and a run without arms has the profile's one
+    assert run_arms(planned.stored_arms(), cpu_profile()) == planned.arms
+    assert run_arms([], cpu_profile(kernels={"variant": "legacy"})) == [ArmSpec(variant="legacy")]
 
 
 def test_an_override_the_profile_also_passes_as_an_extra_argument_is_refused() -> None:
