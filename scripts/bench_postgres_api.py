@@ -132,7 +132,7 @@ def seed(url: str, runs: int, rng: random.Random) -> None:
                             "build_url": f"https://ci.example.com/builds/{run_id}",
                         },
                         "overrides": {},
-                        "variants": [],
+                        "arms": [],
                         "idempotency_key": f"build-{run_id}",
                         "attempt": 1,
                         "max_attempts": 3,

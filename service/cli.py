@@ -30,6 +30,7 @@ from service.schemas import RunDetail, check_labels, parse_label_pairs
 
 if TYPE_CHECKING:
     from service.profile_catalog import Catalog
+    from service.profiles import Expectation
 
 app = typer.Typer(help="kvcanary: end-to-end accuracy gate for vLLM attention kernels", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema", no_args_is_help=True)
@@ -56,6 +57,32 @@ def _labels(pairs: list[str]) -> dict[str, str]:
         raise typer.BadParameter(str(exc)) from exc
 
 
+COMPARE_HELP = (
+    "Arms on the same prompts, control first; repeatable. A word without '=' is a variant and starts an "
+    "arm, key=value words override that arm's engine: 'stock,fixed', or "
+    "'--compare fixed --compare fixed,max_num_batched_tokens=64'"
+)
+EXPECT_HELP = "ARM=pass or ARM=fail, repeatable: what each arm must do; the exit code then says whether it did"
+
+
+def _compare(values: list[str]) -> list[str]:
+    from service.arms import parse_compare
+
+    try:
+        return parse_compare(values)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+def _expect(values: list[str]) -> dict[str, Expectation]:
+    from service.arms import parse_expect
+
+    try:
+        return parse_expect(values)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
 def _expiry(expires_in: str | None, expires: datetime | None) -> datetime | None:
     """`--expires-in 90d` (d, h or m) or `--expires 2027-01-31`, as a UTC instant."""
     if expires_in and expires:
@@ -72,6 +99,9 @@ def _expiry(expires_in: str | None, expires: datetime | None) -> datetime | None
 
 
 def _exit_code(run: RunDetail) -> int:
+    """0 pass, 1 regression, 2 error; with expectations, 0 as expected and 1 unexpected (2 stays error)."""
+    if run.expect and run.status in ("passed", "failed"):
+        return EXIT_PASS if run.outcome == "as_expected" else EXIT_REGRESSION
     if run.status == "passed":
         return EXIT_PASS
     if run.status == "failed":
@@ -258,15 +288,18 @@ def run(
     variant: Annotated[str | None, typer.Option(help="Kernel variant: fixed, legacy or stock")] = None,
     label: Annotated[list[str] | None, typer.Option(help="key=value, repeatable")] = None,
     junit: Annotated[Path | None, typer.Option(help="Write a JUnit XML report here")] = None,
+    compare: Annotated[list[str] | None, typer.Option(help=COMPARE_HELP)] = None,
+    expect: Annotated[list[str] | None, typer.Option(help=EXPECT_HELP)] = None,
 ) -> None:
     """Run one profile here, without the service: engine, suites, verdict, a result table."""
     from service import baselines
+    from service.arms import plan
     from service.db.models import Run
     from service.db.session import session_scope
     from service.engine import gpus
     from service.private_files import keep_private
     from service.profile_catalog import configured_profiles
-    from service.profiles import ProfileError, RunOverrides, apply_overrides
+    from service.profiles import ArmSpec, ProfileError, RunOverrides, apply_overrides
     from service.runs import pipeline, queries, queue
     from service.runs.worker import new_worker_id
     from service.settings import get_settings
@@ -286,6 +319,8 @@ def run(
     try:
         overrides = RunOverrides.model_validate({"limit": limit, "kernel_variant": variant})
         apply_overrides(profiles[profile], overrides)
+        arms = [ArmSpec.model_validate(name) for name in _compare(compare)] if compare else None
+        planned = plan(profiles[profile], overrides, arms, _expect(expect) if expect else None)
     except ValueError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(EXIT_ERROR) from exc
@@ -303,7 +338,8 @@ def run(
             triggered_by=os.environ.get("USER", "cli"),
             labels=labels,
             overrides=overrides.model_dump(exclude_none=True),
-            variants=[],
+            arms=planned.stored_arms(),
+            expect=planned.expect,
             max_attempts=1,
         )
         session.flush()
@@ -422,9 +458,8 @@ def submit(
     canary: Annotated[
         list[str] | None, typer.Option(help="Arm a canary (nan_kv_tail, high_block_ids); repeatable")
     ] = None,
-    compare: Annotated[
-        str | None, typer.Option(help="A/B: two variants on the same prompts, control first, e.g. stock,fixed")
-    ] = None,
+    compare: Annotated[list[str] | None, typer.Option(help=COMPARE_HELP)] = None,
+    expect: Annotated[list[str] | None, typer.Option(help=EXPECT_HELP)] = None,
     wait: Annotated[bool, typer.Option(help="Wait for the verdict; the exit code then says pass/fail")] = False,
     junit: Annotated[Path | None, typer.Option(help="With --wait: write a JUnit XML report here")] = None,
     token: Annotated[str | None, typer.Option(envvar="KVCANARY_TOKEN", help="API token (ci role)")] = None,
@@ -442,7 +477,8 @@ def submit(
         typer.Option(min=0, help="Seconds the service may not answer (a restart) before giving up"),
     ] = 600.0,
 ) -> None:
-    """Queue a run on a service (for CI). Exit 0 pass, 1 regression, 2 error or unreachable service."""
+    """Queue a run on a service (for CI). Exit 0 pass, 1 regression, 2 error or unreachable service;
+    with --expect, 0 when every arm did what was expected and 1 when one did not."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     # Its own key lets this call ask again after a lost answer without queueing twice.
     headers["Idempotency-Key"] = idempotency_key or f"kvcanary-submit-{uuid.uuid4()}"
@@ -450,8 +486,10 @@ def submit(
     overrides = {"limit": limit, "kernel_variant": variant, "canaries": canary or None}
     if any(value is not None for value in overrides.values()):
         body["overrides"] = {key: value for key, value in overrides.items() if value is not None}
-    if compare is not None:
-        body["compare"] = [arm.strip() for arm in compare.split(",")]
+    if compare:
+        body["compare"] = _compare(compare)
+    if expect:
+        body["expect"] = _expect(expect)
     try:
         with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=30) as client:
             silence = _Silence(poll, unreachable_timeout, time.monotonic() + timeout)

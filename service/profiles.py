@@ -11,7 +11,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from evals import suites as suite_registry
 from evals.suites.base import SuiteConfig
@@ -21,6 +32,9 @@ from service.text import storable
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 Variant = Literal["fixed", "legacy", "stock"]
 Canary = Literal["nan_kv_tail", "high_block_ids"]
+Expectation = Literal["pass", "fail"]
+ARM_NAME_PATTERN = r"^[a-z0-9_]+(,[a-z_]+=[a-z0-9_]+)*$"
+ARM_NAME_MAX = 200  # what the arm columns of samples and results hold
 
 
 class ProfileError(ValueError):
@@ -41,6 +55,11 @@ class EngineSpec(Strict):
     dtype: str = Field("auto", pattern=r"^[a-z0-9]+$")
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     enforce_eager: bool = False
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="The scheduler's token budget a step")
+    enable_chunked_prefill: bool | None = Field(None, description="None: the engine's default")
+    enable_prefix_caching: bool | None = Field(None, description="None: the engine's default")
+    block_size: int | None = Field(None, ge=1, le=4096, description="Tokens a KV-cache page")
+    kv_cache_dtype: str | None = Field(None, pattern=r"^[a-z0-9_]+$", description="None: auto")
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     startup_timeout_s: float = Field(1200.0, gt=0)
@@ -55,6 +74,79 @@ class KernelSpec(Strict):
 
     variant: Variant = "fixed"
     canaries: list[Canary] = Field(default_factory=list)
+
+
+class EngineOverrides(Strict):
+    """What an arm may change of the profile's engine: the serving conditions a kernel bug hides behind."""
+
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    enable_chunked_prefill: bool | None = None
+    enable_prefix_caching: bool | None = None
+    block_size: int | None = Field(None, ge=1, le=4096)
+    enforce_eager: bool | None = None
+    kv_cache_dtype: str | None = Field(None, pattern=r"^[a-z0-9_]+$")
+    max_model_len: int | None = Field(None, ge=16)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - set(cls.model_fields))
+            if unknown:
+                raise ValueError(
+                    f"engine override {', '.join(map(repr, unknown))} is not one an arm may set; "
+                    f"it may set: {', '.join(cls.model_fields)}"
+                )
+        return value
+
+
+class ArmSpec(Strict):
+    """One arm: a kernel variant plus engine overrides. Written as a mapping or as its name,
+    `variant[,key=value...]` (e.g. `fixed,max_num_batched_tokens=64`), which it is also stored by."""
+
+    variant: Variant
+    engine: EngineOverrides = Field(default_factory=EngineOverrides)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        variant, *pairs = value.split(",")
+        engine: dict[str, str] = {}
+        for pair in pairs:
+            key, sep, setting = pair.partition("=")
+            if not sep or not key or not setting:
+                raise ValueError(f"arm {value!r}: {pair!r} must be key=value, e.g. max_num_batched_tokens=64")
+            if key in engine:
+                raise ValueError(f"arm {value!r} sets {key} twice")
+            engine[key] = setting
+        return {"variant": variant, "engine": engine}
+
+    @model_validator(mode="after")
+    def _name_fits(self) -> ArmSpec:
+        if len(self.name) > ARM_NAME_MAX:
+            raise ValueError(f"arm {self.name[:60]}...: its name is longer than {ARM_NAME_MAX} characters")
+        return self
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        """The schema says what validation takes: the mapping, or the name as a string."""
+        mapping = handler.resolve_ref_schema(handler(core_schema))
+        spelt = {"type": "string", "pattern": ARM_NAME_PATTERN, "description": "variant[,key=value...]"}
+        return {"anyOf": [spelt, dict(mapping)], "title": "Arm"}
+
+    @property
+    def name(self) -> str:
+        """`variant`, then each override in key order as `,key=value` (booleans true/false): stable,
+        unique per arm, and safe in file names, URL paths and query strings without quoting."""
+        settings = self.engine.model_dump(exclude_none=True)
+        shown = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in sorted(settings.items())}
+        return ",".join([self.variant, *(f"{k}={v}" for k, v in shown.items())])
+
+    def stored(self) -> dict[str, Any]:
+        """How a run keeps it (runs.arms), and how the run document shows it."""
+        return {"name": self.name, "variant": self.variant, "engine": self.engine.model_dump(exclude_none=True)}
 
 
 class Tolerance(Strict):
@@ -76,6 +168,7 @@ class ScheduleSpec(Strict):
     timezone: str = "UTC"
     enabled: bool = False
     labels: dict[str, Annotated[str, AfterValidator(storable)]] = Field(default_factory=dict)
+    expect: dict[str, Expectation] | None = Field(None, description="Replaces the profile's expect for scheduled runs")
 
     @model_validator(mode="after")
     def _cron_valid(self) -> ScheduleSpec:
@@ -106,6 +199,10 @@ class Profile(Strict):
     baselines: dict[str, dict[str, BaselineSpec]] = Field(default_factory=dict)
     schedule: ScheduleSpec | None = None
     max_attempts: int = Field(3, ge=1, le=10)
+    compare: list[ArmSpec] | None = Field(
+        None, min_length=2, max_length=8, description="Default arms of a run that names none; control first"
+    )
+    expect: dict[str, Expectation] | None = Field(None, description="What each arm of a default run must do")
 
     @field_validator("suites")
     @classmethod
@@ -129,6 +226,15 @@ class Profile(Strict):
             for metric in metrics:
                 if metric not in known:
                     raise ValueError(f"baseline for unknown metric {suite_name}.{metric}; known: {', '.join(known)}")
+        return self
+
+    @model_validator(mode="after")
+    def _arms_fit_the_engine(self) -> Profile:
+        from service import arms  # arms reads profiles; imported here to keep the import one-way
+
+        arms.plan(self, RunOverrides(), None, None)
+        if self.schedule is not None and self.schedule.expect is not None:
+            arms.plan(self, RunOverrides(), None, self.schedule.expect)
         return self
 
     def suite_configs(self) -> dict[str, SuiteConfig]:

@@ -41,6 +41,15 @@ def print_run(run: RunDetail, console: Console | None = None) -> None:
         f"run {run.id} [{run.profile}] status [bold]{run.status}[/bold]"
         f"  verdict [{VERDICT_STYLE.get(run.verdict or '', 'white')}]{run.verdict or '-'}[/]"
     )
+    if run.arms:
+        for arm in run.arms:
+            verdict = run.arm_verdicts.get(arm.name)
+            wanted = f"  expected {run.expect[arm.name]}" if run.expect and arm.name in run.expect else ""
+            shown = f"[{VERDICT_STYLE.get(verdict or '', 'white')}]{verdict or '-'}[/]"
+            console.print(f"arm [bold]{arm.name}[/bold] (variant {arm.variant}, engine {arm.engine}): {shown}{wanted}")
+    if run.expect:
+        style = {"as_expected": "green", "unexpected": "bold red"}.get(run.outcome or "", "white")
+        console.print(f"outcome [{style}]{run.outcome or 'not judged'}[/]  {run.outcome_summary}")
     if run.metrics:
         table = Table("arm", "suite", "metric", "value", "95% CI", "n", "baseline", "threshold", "verdict")
         for m in run.metrics:
@@ -66,7 +75,7 @@ def print_run(run: RunDetail, console: Console | None = None) -> None:
             console.print("engine log tail:\n" + "\n".join(run.log_tail.splitlines()[-20:]), markup=False)
 
 
-def _case(suite: ET.Element, metric: MetricOut) -> None:
+def _case(suite: ET.Element, metric: MetricOut, *, as_failure: bool) -> None:
     case = ET.SubElement(
         suite, "testcase", classname=f"kvcanary.{metric.suite}", name=f"{metric.metric} [{metric.arm}]"
     )
@@ -75,28 +84,42 @@ def _case(suite: ET.Element, metric: MetricOut) -> None:
         f"baseline {format_number(metric.baseline)}, threshold {format_number(metric.threshold)}): "
         f"{metric.verdict}. {metric.explanation}"
     )
-    if metric.verdict == "fail":
+    if metric.verdict == "fail" and as_failure:
         ET.SubElement(case, "failure", message=message, type="regression").text = message
     elif metric.verdict in ("inconclusive", "no_baseline"):
         ET.SubElement(case, "skipped", message=message)
     ET.SubElement(case, "system-out").text = message
 
 
+def _expectations_case(suite: ET.Element, run: RunDetail) -> None:
+    """With expectations, the run's verdict is whether its arms did what was expected: one case that
+    fails when they did not (a metric's expected fail is then reported, not failed, by its own case)."""
+    case = ET.SubElement(suite, "testcase", classname="kvcanary.run", name=f"expectations of run {run.id}")
+    message = run.outcome_summary or f"run ended {run.status} before its arms were judged"
+    if run.outcome == "unexpected":
+        ET.SubElement(case, "failure", message=message, type="unexpected").text = message
+    ET.SubElement(case, "system-out").text = message
+
+
 def write_junit(run: RunDetail, path: Path) -> None:
-    """One test case per metric, the numbers and the explanation in its message."""
+    """One test case per metric, the numbers and the explanation in its message; with expectations,
+    one more case for them, and a metric's fail counts only through it."""
     judged = [m for m in run.metrics if m.verdict is not None]
-    failures = sum(m.verdict == "fail" for m in judged)
+    expected = bool(run.expect)
+    failures = int(run.outcome == "unexpected") if expected else sum(m.verdict == "fail" for m in judged)
     errors = 1 if run.status in ("error", "cancelled") else 0
     suite = ET.Element(
         "testsuite",
         name=f"kvcanary.{run.profile}",
-        tests=str(len(judged) + errors),
+        tests=str(len(judged) + errors + int(expected)),
         failures=str(failures),
         errors=str(errors),
         skipped=str(sum(m.verdict in ("inconclusive", "no_baseline") for m in judged)),
     )
     for metric in judged:
-        _case(suite, metric)
+        _case(suite, metric, as_failure=not expected)
+    if expected:
+        _expectations_case(suite, run)
     if errors:
         case = ET.SubElement(suite, "testcase", classname="kvcanary.run", name=f"run {run.id}")
         ET.SubElement(case, "error", message=f"run ended {run.status}: {run.error}").text = run.log_tail[-4000:]

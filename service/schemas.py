@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from service.profiles import NAME_PATTERN, Profile, RunOverrides, Variant
+from service.arms import describe_outcome
+from service.profiles import NAME_PATTERN, ArmSpec, Expectation, Profile, RunOverrides
 from service.text import storable, text_problem
 
 if TYPE_CHECKING:  # the client parses these documents without the server's database layer
@@ -73,6 +74,11 @@ class RunCreate(BaseModel):
                     "overrides": {"limit": 200},
                 },
                 {"profile": "whisper-large-v3", "compare": ["stock", "fixed"]},
+                {
+                    "profile": "gsm8k-tiny-cpu",
+                    "compare": [{"variant": "fixed"}, {"variant": "fixed", "engine": {"max_num_batched_tokens": 64}}],
+                    "expect": {"fixed": "pass", "fixed,max_num_batched_tokens=64": "pass"},
+                },
             ]
         },
     )
@@ -80,8 +86,15 @@ class RunCreate(BaseModel):
     profile: str = Field(pattern=NAME_PATTERN)
     labels: dict[str, str] = Field(default_factory=dict, description="e.g. git_sha, vllm_version, build_url")
     overrides: RunOverrides = Field(default_factory=RunOverrides)
-    compare: list[Variant] | None = Field(
-        None, min_length=2, max_length=2, description="A/B: two kernel variants on the same prompts, control first"
+    compare: list[ArmSpec] | None = Field(
+        None,
+        min_length=2,
+        max_length=8,
+        description="Arms on the same prompts, control first: each a variant name, an arm name "
+        "(`fixed,max_num_batched_tokens=64`) or {variant, engine}; replaces the profile's own arms",
+    )
+    expect: dict[str, Expectation] | None = Field(
+        None, description="Arm name -> pass | fail; the run then ends as_expected or unexpected"
     )
     trigger: Literal["ci", "manual"] = "ci"
 
@@ -92,9 +105,10 @@ class RunCreate(BaseModel):
 
     @field_validator("compare")
     @classmethod
-    def _distinct(cls, compare: list[str] | None) -> list[str] | None:
-        if compare is not None and compare[0] == compare[1]:
-            raise ValueError("compare needs two different variants")
+    def _distinct(cls, compare: list[ArmSpec] | None) -> list[ArmSpec] | None:
+        names = [arm.name for arm in compare or []]
+        if len(set(names)) < len(names):
+            raise ValueError(f"compare lists an arm twice ({', '.join(names)}); each arm must differ")
         return compare
 
 
@@ -129,6 +143,12 @@ class MetricOut(BaseModel):
         return cls.model_validate(row)
 
 
+class ArmOut(BaseModel):
+    name: str = Field(description="variant[,key=value...]: the key of the arm's samples and results")
+    variant: str
+    engine: dict[str, Any] = Field(description="Engine overrides of this arm over the profile's engine")
+
+
 class RunSummary(BaseModel):
     id: int
     profile: str
@@ -137,7 +157,9 @@ class RunSummary(BaseModel):
     trigger: str
     triggered_by: str
     labels: dict[str, str]
-    variants: list[str]
+    variants: list[str] = Field(description="The arms' names, control first; empty: one arm, the profile's variant")
+    arms: list[ArmOut] = Field(default_factory=list, description="Each arm's name, variant and engine overrides")
+    outcome: str | None = Field(None, description="With expectations: as_expected or unexpected, once judged")
     attempt: int
     created_at: datetime
     started_at: datetime | None
@@ -170,7 +192,9 @@ def _summary_fields(run: Run) -> dict[str, Any]:
         "trigger": run.trigger,
         "triggered_by": run.triggered_by,
         "labels": run.labels or {},
-        "variants": run.variants or [],
+        "variants": [arm["name"] for arm in run.arms or []],
+        "arms": run.arms or [],
+        "outcome": run.outcome,
         "attempt": run.attempt,
         "created_at": run.created_at,
         "started_at": run.started_at,
@@ -184,6 +208,11 @@ def _summary_fields(run: Run) -> dict[str, Any]:
 
 class RunDetail(RunSummary):
     verdict_summary: str
+    expect: dict[str, str] | None = Field(None, description="Arm name -> what it must do (pass | fail)")
+    arm_verdicts: dict[str, str] = Field(
+        default_factory=dict, description="Arm name -> pass | fail (any metric failed) | error (its engine died)"
+    )
+    outcome_summary: str = Field("", description="Which arms did not do what was expected, or that all did")
     error: str
     max_attempts: int
     overrides: dict[str, Any]
@@ -198,6 +227,9 @@ class RunDetail(RunSummary):
         return cls(
             **_summary_fields(run),
             verdict_summary=run.verdict_summary,
+            expect=run.expect,
+            arm_verdicts=run.arm_verdicts or {},
+            outcome_summary=describe_outcome(run.expect, run.arm_verdicts or {}) if run.outcome else "",
             error=run.error,
             max_attempts=run.max_attempts,
             overrides=run.overrides or {},
@@ -319,6 +351,8 @@ class ProfileOut(BaseModel):
     tensor_parallel_size: int
     baselines: dict[str, dict[str, Any]]
     schedule: dict[str, Any] | None
+    arms: list[str] = Field(default_factory=list, description="Names of the default arms of a run that names none")
+    expect: dict[str, str] | None = None
 
     @classmethod
     def of(cls, profile: Profile) -> ProfileOut:
@@ -334,6 +368,8 @@ class ProfileOut(BaseModel):
             tensor_parallel_size=profile.engine.tensor_parallel_size,
             baselines={s: {m: b.model_dump() for m, b in ms.items()} for s, ms in profile.baselines.items()},
             schedule=profile.schedule.model_dump() if profile.schedule else None,
+            arms=[arm.name for arm in profile.compare or []],
+            expect=profile.expect,
         )
 
 

@@ -145,7 +145,7 @@ class _Reader:
             "max_model_len": self._set_engine("max_model_len", int),
             "enforce_eager": self._set_engine("enforce_eager", _flag),
             "dtype": self._set_engine("dtype", str),
-            "kv_cache_dtype": self._engine_flag("--kv-cache-dtype"),
+            "kv_cache_dtype": self._set_engine("kv_cache_dtype", str),
             "moe_backend": self._engine_flag("--moe-backend"),
             "tokenizer_mode": self._engine_flag("--tokenizer-mode"),
             "env_vars": self._env,

@@ -64,7 +64,7 @@ def main() -> int:
             session.execute(delete(Baseline))
             baselines.seed_from_profiles(session, profiles)
             runs = list(session.scalars(select(Run).order_by(Run.id)))
-            jobs = [(run.id, run.profile, list(run.variants), _outcomes(session, run)) for run in runs]
+            jobs = [(run.id, run.profile, [a["name"] for a in run.arms], _outcomes(session, run)) for run in runs]
         for run_id, profile, variants, outcomes in jobs:
             arms = variants or sorted({arm for arm, _ in outcomes})
             verdict, summary = scoring.score(url, run_id, profiles[profile], outcomes, arms)

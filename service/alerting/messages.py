@@ -1,4 +1,5 @@
-"""What a finished run has to say: failed, errored, or a metric's verdict moved since the last run.
+"""What a finished run has to say: failed, errored, or a metric's verdict moved since the last run;
+for a run with expectations (`expect`), only whether its arms did what was expected, and errors.
 
 "The last run" is the latest earlier run of the same profile that reached a verdict (passed
 or failed); runs that errored or were cancelled have no verdicts to compare with.
@@ -18,10 +19,11 @@ from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.arms import describe_outcome
 from service.db.models import Run, SuiteResult
 from service.runs.state import Status
 
-Kind = Literal["run_failed", "run_error", "verdict_changed"]
+Kind = Literal["run_failed", "run_error", "verdict_changed", "run_unexpected"]
 JUDGED = (Status.PASSED.value, Status.FAILED.value)
 MAX_ERROR_CHARS = 600
 
@@ -42,6 +44,7 @@ class RunRef(BaseModel):
     profile: str
     status: str
     verdict: str | None
+    outcome: str | None = None
     trigger: str
     labels: dict[str, str]
     finished_at: datetime | None
@@ -104,6 +107,8 @@ def _text(
     lines = [f"kvcanary: run {run.id} of {quote(run.profile)} {headline} [{context}]"]
     if run.error:
         lines.append(f"error: {quote(run.error[:MAX_ERROR_CHARS])}")
+    if run.outcome:
+        lines.append(quote(describe_outcome(run.expect, run.arm_verdicts or {})))
     shown = [m for m in metrics if m.changed or m.verdict != "pass"] or metrics
     lines += [_line(m, previous_run_id, quote) for m in shown]
     lines.append(quote(run_url))
@@ -132,6 +137,10 @@ def compose(session: Session, run: Run, run_url: str) -> AlertMessage | None:
     kind: Kind
     if run.status == Status.ERROR.value:
         kind, headline = "run_error", "ended in ERROR (harness or engine broke; not an accuracy verdict)"
+    elif run.outcome == "unexpected":
+        kind, headline = "run_unexpected", "did NOT do what was expected of its arms"
+    elif run.expect:
+        return None  # its arms did what was expected, a fail included: the gate saw what it should
     elif run.status == Status.FAILED.value:
         kind, headline = "run_failed", "FAILED its accuracy gate"
     elif run.status == Status.PASSED.value and any(m.changed for m in metrics):
@@ -148,6 +157,7 @@ def compose(session: Session, run: Run, run_url: str) -> AlertMessage | None:
             profile=run.profile,
             status=run.status,
             verdict=run.verdict,
+            outcome=run.outcome,
             trigger=run.trigger,
             labels=run.labels or {},
             finished_at=run.finished_at,

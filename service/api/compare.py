@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 
 from service.api.deps import RunId, SessionDep, Viewer, run_or_404
 from service.api.errors import documented, unprocessable
+from service.db.models import ARM_NAME_MAX
 from service.runs.compare import CompareError, RunDiff, diff_runs
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
@@ -19,8 +20,10 @@ def diff(
     b: RunId,
     _: Viewer,
     session: SessionDep,
-    arm_a: Annotated[str | None, Query(max_length=16, description="Default: the treatment or only arm")] = None,
-    arm_b: Annotated[str | None, Query(max_length=16)] = None,
+    arm_a: Annotated[
+        str | None, Query(max_length=ARM_NAME_MAX, description="Default: the treatment or only arm")
+    ] = None,
+    arm_b: Annotated[str | None, Query(max_length=ARM_NAME_MAX)] = None,
     top: Annotated[int, Query(ge=1, le=1000, description="WER: how many of the largest changes")] = 50,
 ) -> RunDiff:
     """Per suite: items right in `a` and wrong in `b` and the reverse (accuracy), or the

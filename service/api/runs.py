@@ -22,7 +22,8 @@ from service.api.deps import (
     run_or_404,
 )
 from service.api.errors import Problem, documented, not_found, unprocessable
-from service.db.models import Run
+from service.arms import plan
+from service.db.models import ARM_NAME_MAX, Run
 from service.engine.gpus import refusal
 from service.profiles import ProfileError, apply_overrides
 from service.roles import Role
@@ -85,6 +86,10 @@ def create_run(
         apply_overrides(profile, body.overrides)
     except (ProfileError, ValueError) as exc:
         raise unprocessable(f"overrides: {exc}") from exc
+    try:
+        planned = plan(profile, body.overrides, body.compare, body.expect)
+    except ProfileError as exc:
+        raise unprocessable(str(exc)) from exc
     # This host runs the engine only when its own local worker claims the run; a service without
     # one (an API front for workers elsewhere) or a Ray cluster places it on a host that can.
     unfit = refusal(profile) if settings.executor == "local" and settings.start_worker else None
@@ -95,7 +100,8 @@ def create_run(
         "trigger": body.trigger,
         "labels": body.labels,
         "overrides": body.overrides.model_dump(exclude_none=True),
-        "variants": list(body.compare or []),
+        "arms": planned.stored_arms(),
+        "expect": planned.expect,
     }
     with writer() as session:
         run, created = queue.enqueue(
@@ -154,7 +160,7 @@ def get_samples(
     _: Viewer,
     session: SessionDep,
     suite: Annotated[str | None, Query(max_length=64)] = None,
-    arm: Annotated[str | None, Query(max_length=16)] = None,
+    arm: Annotated[str | None, Query(max_length=ARM_NAME_MAX)] = None,
     wrong_only: bool = False,
     search: Annotated[str | None, Query(max_length=200)] = None,
     offset: Offset = 0,

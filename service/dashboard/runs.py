@@ -22,7 +22,7 @@ from service.auth import Role, allows
 from service.dashboard.access import PageCaller
 from service.dashboard.render import page
 from service.dashboard.views import profile_names, reference_runs, sample_counts
-from service.db.models import Run
+from service.db.models import ARM_NAME_MAX, Run
 from service.runs import queries
 from service.runs.compare import CompareError, arms_and_suites, diff_runs, pick_arm
 from service.runs.state import Status
@@ -104,6 +104,7 @@ def run_page(run_id: int, request: Request, caller: PageCaller, session: Session
     detail = queries.run_detail(session, run, str(request.base_url).rstrip("/"))
     counts = sample_counts(session, run_id)
     stored_arms = {c.arm for c in counts}
+    names = detail.variants  # each later arm is diffed against the first, the control
     return page(
         request,
         "run.html",
@@ -111,7 +112,7 @@ def run_page(run_id: int, request: Request, caller: PageCaller, session: Session
         run=detail,
         counts=counts,
         references=reference_runs(session, run.profile, exclude=run_id),
-        ab_arms=run.variants if len(run.variants) == 2 and stored_arms >= set(run.variants) else [],
+        arm_pairs=[(names[0], arm) for arm in names[1:] if {names[0], arm} <= stored_arms],
         can_promote=allows(caller.role, Role.ADMIN)
         and run.status in (Status.PASSED.value, Status.FAILED.value)
         and bool(detail.metrics),
@@ -190,8 +191,8 @@ def compare_page(
     request: Request,
     caller: PageCaller,
     session: SessionDep,
-    arm_a: Annotated[str, Query(max_length=16)] = "",
-    arm_b: Annotated[str, Query(max_length=16)] = "",
+    arm_a: Annotated[str, Query(max_length=ARM_NAME_MAX)] = "",
+    arm_b: Annotated[str, Query(max_length=ARM_NAME_MAX)] = "",
     top: Annotated[int, Query(ge=1, le=1000)] = 50,
 ) -> HTMLResponse:
     """Flipped items side by side: run a (e.g. the reference) on the left, run b on the right."""

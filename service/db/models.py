@@ -26,6 +26,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
+from service.profiles import ARM_NAME_MAX  # an arm's name, `fixed,max_num_batched_tokens=64`
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -80,7 +82,12 @@ class Run(Base):
     )
     labels: Mapped[dict[str, Any]] = mapped_column(JSON().with_variant(JSONB(), "postgresql"), default=dict)
     overrides: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    variants: Mapped[list[Any]] = mapped_column(default=list)
+    # Each arm as {name, variant, engine overrides} (service.profiles.ArmSpec.stored); empty: one
+    # arm, the profile's own variant. Samples and results are keyed by the arm's name.
+    arms: Mapped[list[Any]] = mapped_column(default=list, server_default="[]")
+    expect: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # arm name -> pass | fail
+    arm_verdicts: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")  # arm -> pass|fail|error
+    outcome: Mapped[str | None] = mapped_column(String(16))  # as_expected | unexpected, when expected
     # SHA-256 of the caller's token id and the key it sent: the same key from two callers is two runs.
     idempotency_key: Mapped[str | None] = mapped_column(String(128), unique=True)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
@@ -95,7 +102,7 @@ class Run(Base):
     heartbeat_at: Mapped[datetime | None] = mapped_column()
     progress_done: Mapped[int] = mapped_column(Integer, default=0)
     progress_total: Mapped[int] = mapped_column(Integer, default=0)
-    progress_phase: Mapped[str] = mapped_column(String(64), default="")
+    progress_phase: Mapped[str] = mapped_column(String(255), default="")
     phase_started_at: Mapped[datetime | None] = mapped_column()
     verdict: Mapped[str | None] = mapped_column(String(16))
     verdict_summary: Mapped[str] = mapped_column(Text, default="")
@@ -115,7 +122,7 @@ class SuiteResult(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
-    arm: Mapped[str] = mapped_column(String(16))
+    arm: Mapped[str] = mapped_column(String(ARM_NAME_MAX))
     suite: Mapped[str] = mapped_column(String(64))
     metric: Mapped[str] = mapped_column(String(64))
     value: Mapped[float] = mapped_column(Float)
@@ -143,7 +150,7 @@ class Sample(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
-    arm: Mapped[str] = mapped_column(String(16))
+    arm: Mapped[str] = mapped_column(String(ARM_NAME_MAX))
     suite: Mapped[str] = mapped_column(String(64))
     key: Mapped[str] = mapped_column(String(256))
     prompt_hash: Mapped[str] = mapped_column(String(64))

@@ -77,6 +77,16 @@ def build_argv(profile: Profile, *, port: int, python: str) -> list[str]:
         argv.append("--trust-remote-code")
     if engine.enforce_eager:
         argv.append("--enforce-eager")
+    if engine.max_num_batched_tokens is not None:
+        argv += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
+    if engine.enable_chunked_prefill is not None:
+        argv.append("--enable-chunked-prefill" if engine.enable_chunked_prefill else "--no-enable-chunked-prefill")
+    if engine.enable_prefix_caching is not None:
+        argv.append("--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching")
+    if engine.block_size is not None:
+        argv += ["--block-size", str(engine.block_size)]
+    if engine.kv_cache_dtype is not None:
+        argv += ["--kv-cache-dtype", engine.kv_cache_dtype]
     return argv + list(engine.extra_args)
 
 

@@ -49,7 +49,7 @@ PENDING = frozenset(
     | {Status.INTERRUPTED.value}
 )
 RUN_COLUMNS = (
-    Run.id, Run.profile, Run.status, Run.verdict, Run.verdict_summary, Run.error, Run.labels, Run.variants,
+    Run.id, Run.profile, Run.status, Run.verdict, Run.verdict_summary, Run.error, Run.labels, Run.arms,
     Run.overrides, Run.created_at, Run.finished_at,
 )  # fmt: skip
 INDEX_LIMIT = 50
@@ -178,8 +178,8 @@ def _arms(run: Run, results: Sequence[SuiteResult], profile: Profile | None) -> 
     found = list(dict.fromkeys(r.arm for r in results))
     if found:
         return found
-    if run.variants:
-        return [str(v) for v in run.variants]
+    if run.arms:
+        return [str(arm["name"]) for arm in run.arms]
     return [profile.kernels.variant] if profile is not None else []
 
 

@@ -1,9 +1,9 @@
 """Run-to-run diff: per suite, the items that changed between two runs, both responses side by side.
 
 Run `a` is the one compared against (usually the reference), run `b` the one under review.
-Each run contributes one arm: the one asked for, else its treatment arm (the last variant of
+Each run contributes one arm: the one asked for, else its treatment arm (the last arm of
 an A/B run) or its only arm, the same choice scoring makes for a reference run. Comparing
-the two arms of one A/B run is `diff(session, run, run, arm_a="stock", arm_b="fixed")`.
+two arms of one A/B run is `diff(session, run, run, arm_a="fixed", arm_b="fixed,block_size=32")`.
 The item-level work is `evals.diff`, so a diff and a verdict never disagree on an item.
 """
 
@@ -123,8 +123,9 @@ def pick_arm(run: Run, stored: dict[str, list[str]], asked: str | None = None) -
             known = ", ".join(sorted(stored)) or "none (the run stored no samples)"
             raise CompareError(f"run {run.id} has no samples for arm {asked!r}; its arms: {known}")
         return asked
-    if run.variants and run.variants[-1] in stored:
-        return str(run.variants[-1])
+    treatment = run.arms[-1]["name"] if run.arms else None
+    if treatment in stored:
+        return str(treatment)
     if len(stored) == 1:
         return next(iter(stored))
     if not stored:

@@ -1,8 +1,9 @@
 """Execute one claimed run: engine up, suites against it, samples stored as they come, verdict.
 
 The same function serves the service's worker, `kvcanary run` and the Ray executor, so a
-run behaves identically wherever it executes. Each kernel variant of a run (one, or two for
-an A/B run) is an "arm" with its own engine; suites of an arm share that engine.
+run behaves identically wherever it executes. Each arm of a run (a kernel variant plus engine
+overrides: one, or several for an A/B run) has its own engine, started from the profile with
+the arm's overrides in place; suites of an arm share that engine.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from sqlalchemy.orm import Session
 from evals import fixtures
 from evals import suites as suite_registry
 from evals.suites.base import Sample, SuiteAborted, SuiteContext, SuiteOutcome
+from service.arms import apply as apply_arm
+from service.arms import run_arms
 from service.db.models import Run, RunEvent, utcnow
 from service.db.session import session_scope
 from service.engine import gpus
@@ -117,7 +120,7 @@ def _compared_with(
     the promoted reference run's (none for the control arm itself or without a reference)."""
     if control_arm is not None:
         return store.load_samples(session, run.id, control_arm, suite)
-    if len(run.variants) > 1:
+    if len(run.arms) > 1:
         return {}
     _, reference_run = scoring.baseline_for(session, profile.name, suite, metric)
     found = scoring.reference_samples(session, reference_run, suite) if reference_run != run.id else None
@@ -154,7 +157,7 @@ def _run_suite(
         model_path=profile.model,
         config=config,
         work_dir=work_dir,
-        progress=_Progress(url, run.id, f"{arm}/{suite}" if len(run.variants) > 1 else suite),
+        progress=_Progress(url, run.id, f"{arm}/{suite}" if len(run.arms) > 1 else suite),
         emit_samples=emit,
         done_samples=done,
         reference_samples=compared_with,
@@ -284,12 +287,13 @@ def execute(run_id: int, settings: Settings, profiles: dict[str, Profile], worke
             raise RuntimeError(unfit)
         profile = resolve_profile(profiles[run.profile], run.overrides)
         _set(url, run.id, run_dir=str(run_dir))
-        arms = list(run.variants) or [profile.kernels.variant]
+        specs = run_arms(run.arms, profile)
+        arms = [spec.name for spec in specs]
         outcomes: dict[tuple[str, str], SuiteOutcome] = {}
         deaths: list[EngineDied] = []
         running = False
-        for arm in arms:
-            arm_profile = profile.model_copy(update={"kernels": profile.kernels.model_copy(update={"variant": arm})})
+        for spec in specs:
+            arm, arm_profile = spec.name, apply_arm(profile, spec)
             stop_event.clear()
             engine = Engine(arm_profile, run_dir / arm, python=settings.engine_python, stop_event=stop_event)
             private_dir(run_dir / arm)
@@ -326,6 +330,7 @@ def execute(run_id: int, settings: Settings, profiles: dict[str, Profile], worke
             raise deaths[0]
         _set(url, run.id, Status.SCORING, "suites done", timings=dict(timings), engine_pid=None)
         verdict, summary = scoring.score(url, run.id, profile, outcomes, arms)
+        scoring.judge_arms(url, run.id, arms, [death.arm for death in deaths])
         if deaths:
             message = "EngineDied: " + "; ".join(str(death) for death in deaths)
             _set(url, run.id, verdict=verdict, verdict_summary=summary)

@@ -12,7 +12,8 @@ from service.schemas import Page, RunDetail, RunSummary, SampleOut
 
 # What a list row shows; the wide columns (log tail, engine facts) stay in the database.
 SUMMARY_COLUMNS = (
-    Run.id, Run.profile, Run.status, Run.verdict, Run.trigger, Run.triggered_by, Run.labels, Run.variants,
+    Run.id, Run.profile, Run.status, Run.verdict, Run.trigger, Run.triggered_by, Run.labels, Run.arms,
+    Run.outcome,
     Run.attempt, Run.created_at, Run.started_at, Run.finished_at, Run.progress_done, Run.progress_total,
     Run.progress_phase, Run.phase_started_at,
 )  # fmt: skip

@@ -3,7 +3,7 @@
 Judgements are computed from the stored per-sample rows (every sample of the run, including
 ones an earlier attempt stored), against the stored baseline and, where the baseline names a
 reference run, against that run's samples on the same items. An A/B run is judged as the
-paired comparison of its second arm against its first.
+paired comparison of each later arm against its first (the control).
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from sqlalchemy.orm import Session
 from evals import suites as suite_registry
 from evals.suites.base import MetricValue, Sample, SuiteOutcome
 from evals.verdict import Baseline, MetricJudgement, judge_ab, run_verdict
+from service.arms import arm_verdicts
+from service.arms import outcome as expectation_outcome
 from service.db.models import Baseline as BaselineRow
-from service.db.models import Run
+from service.db.models import Run, SuiteResult
 from service.db.models import Sample as SampleRow
 from service.db.session import session_scope
 from service.profiles import Profile
@@ -64,7 +66,7 @@ def reference_samples(session: Session, run_id: int | None, suite: str) -> dict[
     reference = session.get(Run, run_id)
     if reference is None:
         return None
-    arm = (reference.variants or [None])[-1] or _only_arm(session, run_id, suite)
+    arm = (reference.arms or [{"name": None}])[-1]["name"] or _only_arm(session, run_id, suite)
     return store.load_samples(session, run_id, arm, suite) or None
 
 
@@ -148,7 +150,7 @@ def score(
 ) -> tuple[str, str]:
     """Judge and store every metric of every arm that finished; return (run verdict, summary).
 
-    Every arm is held to the profile's baseline (and reference run); in an A/B run the second
+    Every arm is held to the profile's baseline (and reference run); in an A/B run each later
     arm is also paired with the first on the same items, and the worse judgement decides. An
     arm whose engine died has no outcome here: the other is judged against the baseline alone.
     """
@@ -159,11 +161,11 @@ def score(
         for (arm, suite), outcome in outcomes.items():
             samples = store.load_samples(session, run_id, arm, suite)
             limit = profile.suite_configs()[suite].max_empty_response_rate
-            control = arms[0] if len(arms) == 2 and arm == arms[1] and (arms[0], suite) in outcomes else None
+            control = arms[0] if len(arms) > 1 and arm != arms[0] and (arms[0], suite) in outcomes else None
             compares = suite_registry.get(suite).compares_outputs
             for metric in outcome.metrics:
-                if compares and len(arms) == 2 and arm == arms[0]:
-                    # a suite that compares outputs judges the second arm against this one's inside
+                if compares and len(arms) > 1 and arm == arms[0]:
+                    # a suite that compares outputs judges the later arms against this one's inside
                     store.save_result(session, run, arm, suite, metric, outcome.empty_response_rate, None)
                     continue
                 judgement = _judge(session, run, profile, suite, metric, samples)
@@ -182,3 +184,18 @@ def score(
         or "no metrics were judged"
     )
     return verdict, f"{verdict}: {summary}"
+
+
+def judge_arms(url: str, run_id: int, arms: list[str], dead: list[str]) -> None:
+    """Store each arm's verdict (service.arms: fail if any of its metrics failed, error if its
+    engine died) and, where the run has expectations, its outcome."""
+    with session_scope(url) as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        judged = session.execute(
+            select(SuiteResult.arm, SuiteResult.verdict).where(
+                SuiteResult.run_id == run_id, SuiteResult.verdict.is_not(None)
+            )
+        ).all()
+        run.arm_verdicts = arm_verdicts(arms, [(arm, str(verdict)) for arm, verdict in judged], dead)
+        run.outcome = expectation_outcome(run.expect, run.arm_verdicts) if run.expect else None

@@ -21,9 +21,10 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from service.arms import plan
 from service.db.models import Run, Schedule, ScheduleFire, utcnow
 from service.db.session import session_scope
-from service.profiles import Profile, ScheduleSpec
+from service.profiles import Profile, RunOverrides, ScheduleSpec
 from service.runs import queue
 from service.runs.state import ACTIVE, Status
 from service.scheduling import cron
@@ -190,6 +191,9 @@ def fire(
             assert schedule is not None, f"schedule {schedule_id} vanished while firing"
             record.skipped_reason = _blocker(session, schedule, profiles)
             if not record.skipped_reason:
+                profile = profiles[schedule.profile]
+                # the profile's arms; the schedule block's expect, else the profile's (checked when loaded)
+                planned = plan(profile, RunOverrides(), None, profile.schedule.expect if profile.schedule else None)
                 run, _ = queue.enqueue(
                     session,
                     profile=schedule.profile,
@@ -197,8 +201,9 @@ def fire(
                     triggered_by=triggered_by,
                     labels={**schedule.labels, "schedule": schedule.name},
                     overrides={},
-                    variants=[],
-                    max_attempts=profiles[schedule.profile].max_attempts,
+                    arms=planned.stored_arms(),
+                    expect=planned.expect,
+                    max_attempts=profile.max_attempts,
                 )
                 record.run_id = run.id
             schedule.last_fire_at = max(fire_time, schedule.last_fire_at or fire_time)

@@ -65,7 +65,7 @@ def _flags(release: str) -> dict[int, bool]:
 def _gsm8k(session: Session, release: str, arms: list[str], hours: int) -> Run:
     run = _finished(GSM8K, utcnow() - timedelta(days=30) + timedelta(hours=hours), "ci", f"a{hours:06x}", 40)
     run.labels = {KEY: release, "git_sha": f"a{hours:06x}"}
-    run.variants = arms if len(arms) > 1 else []
+    run.arms = [{"name": arm, "variant": arm, "engine": {}} for arm in arms] if len(arms) > 1 else []
     session.add(run)
     session.flush()
     flags = _flags(release)

@@ -340,7 +340,12 @@ def test_drift_samples_draw_token_strips_worst_first(
         "p2": drift_output([10, 25, 99, 98], -0.1),
     }
     with session_scope(dashboard.database_url) as session:
-        run = Run(profile=GSM8K, status="passed", trigger="ci", variants=["stock", "fixed"])
+        run = Run(
+            profile=GSM8K,
+            status="passed",
+            trigger="ci",
+            arms=[{"name": v, "variant": v, "engine": {}} for v in ("stock", "fixed")],
+        )
         session.add(run)
         session.flush()
         store.save_samples(session, run.id, "stock", "drift", "kl", [drift_sample(k, ref[k], None) for k in ref])

@@ -165,7 +165,7 @@ def test_ab_run_through_the_pipeline_judges_drift_and_reports_it(
             triggered_by="test",
             labels={},
             overrides={},
-            variants=["stock", "fixed"],
+            arms=[{"name": v, "variant": v, "engine": {}} for v in ("stock", "fixed")],
             max_attempts=1,
         )
         session.flush()

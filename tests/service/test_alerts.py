@@ -21,6 +21,7 @@ from sqlalchemy import select
 
 from evals.verdict import Baseline, MetricJudgement, judge_accuracy
 from service.alerting.watcher import alert_run
+from service.arms import arm_verdicts, outcome
 from service.db.models import AlertCheck, Run, RunEvent, SuiteResult
 from service.db.session import session_scope
 from service.runs import queue
@@ -79,8 +80,16 @@ def _judged(correct: int, total: int = 200) -> MetricJudgement:
     return judge_accuracy("gsm8k", "strict-match", items, BASELINE, None)
 
 
-def _finished_run(url: str, profile: str, end: Status, judgement: MetricJudgement | None, error: str = "") -> int:
-    """A run moved through the real state machine to `end`, with its judged metric stored."""
+def _finished_run(
+    url: str,
+    profile: str,
+    end: Status,
+    judgement: MetricJudgement | None,
+    error: str = "",
+    expect: dict[str, str] | None = None,
+) -> int:
+    """A run moved through the real state machine to `end`, with its judged metric stored (arm
+    `fixed`) and, with `expect`, its arm's verdict and outcome as scoring makes them."""
     with session_scope(url) as session:
         run, _ = queue.enqueue(
             session,
@@ -89,7 +98,8 @@ def _finished_run(url: str, profile: str, end: Status, judgement: MetricJudgemen
             triggered_by="test",
             labels={"vllm_version": "0.24.0"},
             overrides={},
-            variants=[],
+            arms=[],
+            expect=expect,
             max_attempts=1,
         )
         session.flush()
@@ -114,6 +124,9 @@ def _finished_run(url: str, profile: str, end: Status, judgement: MetricJudgemen
                     explanation=judgement.explanation,
                 )
             )
+        if expect and judgement is not None:
+            run.arm_verdicts = arm_verdicts(["fixed"], [("fixed", judgement.verdict)], [])
+            run.outcome = outcome(expect, run.arm_verdicts)
         run.error = error
         transition(session, run, end)
         return run.id
@@ -199,6 +212,23 @@ def test_an_error_run_is_alerted_with_its_error(receiver: Receiver, database_url
     assert alert_run(settings, broken, "test")
     [body] = [b for _, b in receiver.requests]
     assert "ERROR" in body["text"] and "CUDA out of memory" in body["text"]
+
+
+def test_a_run_whose_arms_did_not_do_what_was_expected_is_alerted_and_one_that_did_is_not(
+    receiver: Receiver, database_url: str, tmp_path: Path
+) -> None:
+    """The gate watching itself: a canary run expected to fail that fails says nothing; one that
+    passes (the bug went unseen) is alerted as `run_unexpected`, naming the arm."""
+    caught = _finished_run(database_url, "canary", Status.FAILED, _judged(120), expect={"fixed": "fail"})
+    unseen = _finished_run(database_url, "canary", Status.PASSED, _judged(176), expect={"fixed": "fail"})
+    settings = _settings(tmp_path, database_url, alert_webhooks=[receiver.url])
+    for run_id in (caught, unseen):
+        assert alert_run(settings, run_id, "test")
+    [body] = [b for _, b in receiver.requests]
+    assert body["kind"] == "run_unexpected" and body["run"]["id"] == unseen and body["run"]["outcome"] == "unexpected"
+    assert "did NOT do what was expected" in body["text"] and "fixed was expected to fail and passed" in body["text"]
+    with session_scope(database_url) as session:
+        assert session.get(AlertCheck, caught).outcome.startswith("no alert")  # type: ignore[union-attr]
 
 
 def test_an_unreachable_webhook_is_retried_with_backoff_and_recorded_without_failing_the_run(

@@ -15,6 +15,7 @@ from service.app import create_app
 from service.auth import Role, create_token
 from service.db.models import Run
 from service.db.session import session_scope
+from service.profiles import ArmSpec
 from service.runs import store
 from service.settings import Settings
 
@@ -59,10 +60,15 @@ def utterance(key: str, errors: int, words: int = 10) -> Sample:
     )
 
 
-def add_run(settings: Settings, samples: dict[tuple[str, str], Sequence[Sample]], variants: Sequence[str] = ()) -> int:
+def add_run(settings: Settings, samples: dict[tuple[str, str], Sequence[Sample]], arms: Sequence[str] = ()) -> int:
     """A finished run whose (arm, suite) samples go through `store.save_samples`, as a worker's do."""
     with session_scope(settings.resolved_database_url()) as session:
-        run = Run(profile="fixture", status="passed", trigger="ci", variants=list(variants))
+        run = Run(
+            profile="fixture",
+            status="passed",
+            trigger="ci",
+            arms=[ArmSpec.model_validate(arm).stored() for arm in arms],
+        )
         session.add(run)
         session.flush()
         for (arm, suite), rows in samples.items():
@@ -121,7 +127,7 @@ def test_wer_changes_largest_first_and_capped(client: TestClient, settings: Sett
 def test_the_two_arms_of_one_ab_run(client: TestClient, settings: Settings) -> None:
     stock = [answer(f"q{i}", right=i != 0) for i in range(4)]
     fixed = [answer(f"q{i}", right=True) for i in range(4)]
-    run = add_run(settings, {("stock", "gsm8k"): stock, ("fixed", "gsm8k"): fixed}, variants=["stock", "fixed"])
+    run = add_run(settings, {("stock", "gsm8k"): stock, ("fixed", "gsm8k"): fixed}, arms=["stock", "fixed"])
 
     diff = client.get(f"/api/v1/runs/{run}/diff/{run}", params={"arm_a": "stock", "arm_b": "fixed"}).json()
     assert (diff["a"]["arm"], diff["b"]["arm"]) == ("stock", "fixed")
@@ -191,7 +197,7 @@ def test_drift_rows_diff_by_first_divergence_and_page_shows_worst_first(client: 
     }
     stock = [drift_sample(k, ref[k], None) for k in ref]
     fixed = [drift_sample(k, cand[k], ref[k]) for k in ref]
-    run = add_run(settings, {("stock", "drift"): stock, ("fixed", "drift"): fixed}, variants=["stock", "fixed"])
+    run = add_run(settings, {("stock", "drift"): stock, ("fixed", "drift"): fixed}, arms=["stock", "fixed"])
 
     diff = client.get(f"/api/v1/runs/{run}/diff/{run}", params={"arm_a": "stock", "arm_b": "fixed"}).json()
     [suite] = diff["suites"]

@@ -104,11 +104,18 @@ def latest_run(gate: dict[str, Any]) -> dict[str, Any]:
     return detail
 
 
-def queue_run(gate: dict[str, Any], compare: bool = False, profile: str = PROFILE) -> int:
-    """A run of a fixture profile; with `compare`, stock vs fixed on 100 questions."""
+CHUNKED = "fixed,max_num_batched_tokens=64"  # the name of the A/B test's engine-override arm
+
+
+def queue_run(
+    gate: dict[str, Any], compare: list[Any] | None = None, profile: str = PROFILE, expect: dict[str, str] | None = None
+) -> int:
+    """A run of a fixture profile; with `compare`, those arms on 100 questions."""
     body: dict[str, Any] = {"profile": profile}
     if compare:
-        body |= {"compare": ["stock", "fixed"], "overrides": {"limit": 100}}
+        body |= {"compare": compare, "overrides": {"limit": 100}}
+    if expect:
+        body["expect"] = expect
     response = httpx.post(
         f"{gate['service'].url}/api/v1/runs", json=body, headers={"Authorization": f"Bearer {gate['ci']}"}
     )
@@ -168,7 +175,7 @@ def test_engine_killed_in_one_arm_ends_the_run_as_error_and_the_other_arm_is_sti
 ) -> None:
     """An A/B run whose stock engine dies mid-suite: the fixed arm still runs and is judged;
     the run ends `error` with one line naming the dead arm, the moment and the cause."""
-    run_id = queue_run(gate, compare=True, profile=SERIAL)
+    run_id = queue_run(gate, ["stock", "fixed"], SERIAL, expect={"stock": "pass", "fixed": "pass"})
     wait_for(lambda: stored_samples(gate, run_id), 300, "the stock arm's first samples", every_s=0.2)
     engine_pid = wait_for(lambda: run_row(gate, run_id).engine_pid, 60, "the engine pid", every_s=0.2)
     assert len(stored_samples(gate, run_id)) < 100, "the stock arm ended before it could be killed"
@@ -181,6 +188,8 @@ def test_engine_killed_in_one_arm_ends_the_run_as_error_and_the_other_arm_is_sti
     fixed = [m for m in run["metrics"] if m["arm"] == "fixed" and m["verdict"] is not None]
     assert fixed and all(m["verdict"] == "pass" and m["n"] == 100 for m in fixed), fixed
     assert "fixed/gsm8k.strict-match" in run["verdict_summary"] and run["verdict"] == "pass"
+    assert run["arm_verdicts"] == {"stock": "error", "fixed": "pass"} and run["outcome"] == "unexpected"
+    assert run["outcome_summary"] == "unexpected: stock was expected to pass and errored (its engine died)"
 
 
 def test_killed_service_requeues_the_run_keeps_its_samples_and_it_passes_the_paired_test(
@@ -249,24 +258,31 @@ def test_model_that_cannot_start_fails_fast_with_the_reason(gate: dict[str, Any]
     assert "before /health answered" in run["error"] and "no-such-model" in run["log_tail"]
 
 
-def test_ab_request_judges_one_variant_against_the_other_on_the_same_prompts(gate: dict[str, Any]) -> None:
-    """stock vs fixed on the CPU engine: both arms run vLLM's CPU attention, so the paired
-    comparison must find no flip and pass; both arms' samples are stored on the same keys."""
+def test_ab_request_judges_one_arm_against_the_other_on_the_same_prompts(gate: dict[str, Any]) -> None:
+    """stock vs fixed with a 64-token prefill budget on the CPU engine: both arms run vLLM's CPU
+    attention, and chunked prefill must not change the answers, so the paired comparison finds no
+    flip and both arms pass as expected; the override reached the engine (its command line and
+    vLLM's own log line), and both arms' samples are stored on the same keys under the arm names."""
     gate["service"].stop()
     gate["service"] = gate["launch"](write_profiles(gate["root"] / "profiles"))
-    run_id = queue_run(gate, compare=True)
+    chunked = {"variant": "fixed", "engine": {"max_num_batched_tokens": 64}}
+    run_id = queue_run(gate, ["stock", chunked], expect={"stock": "pass", CHUNKED: "pass"})
     wait_for(lambda: run_row(gate, run_id).status in ("passed", "failed", "error"), RUN_TIMEOUT_S, "the A/B run")
     run = httpx.get(f"{gate['service'].url}/api/v1/runs/{run_id}").json()
     assert run["status"] == "passed", run["error"] or run["verdict_summary"]
-    assert set(run["engine"]) == {"stock", "fixed"}
+    assert set(run["engine"]) == {"stock", CHUNKED} and run["variants"] == ["stock", CHUNKED]
+    assert run["arms"][1] == {"name": CHUNKED, "variant": "fixed", "engine": {"max_num_batched_tokens": 64}}
+    assert run["arm_verdicts"] == {"stock": "pass", CHUNKED: "pass"} and run["outcome"] == "as_expected", run
+    log = (Path(run_row(gate, run_id).run_dir) / CHUNKED / "engine.log").read_text()
+    assert "--max-num-batched-tokens 64" in log and "Chunked prefill is enabled with max_num_batched_tokens=64" in log
     judged = [m for m in run["metrics"] if m["verdict"] is not None]
-    assert {m["arm"] for m in judged} == {"stock", "fixed"} and all(m["verdict"] == "pass" for m in judged)
-    paired = [m for m in judged if m["arm"] == "fixed"]
+    assert {m["arm"] for m in judged} == {"stock", CHUNKED} and all(m["verdict"] == "pass" for m in judged)
+    paired = [m for m in judged if m["arm"] == CHUNKED]
     assert all(m["details"]["paired_flips_down"] == 0 and "Paired (pass): Against the stock arm" in m["explanation"]
                for m in paired), paired  # fmt: skip
     with session_scope(gate["service"].database_url) as session:
         keys = {
             arm: set(session.scalars(select(SampleRow.key).where(SampleRow.run_id == run_id, SampleRow.arm == arm)))
-            for arm in ("stock", "fixed")
+            for arm in ("stock", CHUNKED)
         }
-    assert keys["stock"] == keys["fixed"] and len(keys["fixed"]) == 100
+    assert keys["stock"] == keys[CHUNKED] and len(keys[CHUNKED]) == 100

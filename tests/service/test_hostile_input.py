@@ -268,7 +268,7 @@ def _stored_run(service: LiveService, labels: dict[str, str], *, ended: bool = T
             triggered_by="older-version",
             labels=labels,
             overrides={},
-            variants=[],
+            arms=[],
             max_attempts=1,
         )
         session.flush()
@@ -380,7 +380,7 @@ def test_deleting_a_run_takes_its_rows_and_keeps_an_audit_event(database_url: st
             triggered_by="ci",
             labels={"a": "b"},
             overrides={},
-            variants=[],
+            arms=[],
             max_attempts=1,
         )
         session.flush()

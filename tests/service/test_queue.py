@@ -29,7 +29,7 @@ def _enqueue(url: str, n: int = 1, **kw: object) -> list[int]:
                 triggered_by="t",
                 labels={},
                 overrides={},
-                variants=[],
+                arms=[],
                 max_attempts=kw.get("max_attempts", 3),  # type: ignore[arg-type]
             )
             session.flush()

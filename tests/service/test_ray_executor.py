@@ -163,7 +163,7 @@ def test_gpus_must_be_on_one_node() -> None:
 
 
 def _queue_run(session: Session) -> Run:
-    fields: dict[str, Any] = {"labels": {}, "overrides": {}, "variants": []}
+    fields: dict[str, Any] = {"labels": {}, "overrides": {}, "arms": []}
     run, _ = queue.enqueue(session, profile=PROFILE, trigger="api", triggered_by="test", max_attempts=2, **fields)
     return run
 

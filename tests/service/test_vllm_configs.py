@@ -39,7 +39,7 @@ def test_engine_settings_env_and_lm_eval_arguments_as_the_files_use_them() -> No
     nemotron = read_config(CONFIGS / "NVIDIA-Nemotron-3-Nano-30B-A3B-FP8.yaml").profile
     assert nemotron.engine.max_model_len == 262144 and nemotron.engine.trust_remote_code
     assert nemotron.engine.enforce_eager is False
-    assert nemotron.engine.extra_args == ["--kv-cache-dtype", "fp8"]
+    assert nemotron.engine.kv_cache_dtype == "fp8" and nemotron.engine.extra_args == []
     assert nemotron.engine.env == {"VLLM_USE_FLASHINFER_MOE_FP8": "1", "VLLM_FLASHINFER_MOE_BACKEND": "throughput"}
     suite = nemotron.suite_configs()["lm-eval"]
     assert suite.apply_chat_template and suite.fewshot_as_multiturn and suite.limit == 1319
@@ -59,9 +59,8 @@ def test_engine_settings_env_and_lm_eval_arguments_as_the_files_use_them() -> No
 
 def test_keys_not_applied_are_reported_by_file_key_and_reason(tmp_path: Path) -> None:
     amd = read_config(CONFIGS / "DeepSeek-V4-Flash-MXFP4.yaml")
-    assert amd.profile.engine.extra_args == [
-        "--kv-cache-dtype", "fp8", "--moe-backend", "aiter", "--tokenizer-mode", "deepseek_v4",
-    ]  # fmt: skip
+    assert amd.profile.engine.kv_cache_dtype == "fp8"
+    assert amd.profile.engine.extra_args == ["--moe-backend", "aiter", "--tokenizer-mode", "deepseek_v4"]
     assert [(n.file.name, n.key) for n in amd.notes] == [("DeepSeek-V4-Flash-MXFP4.yaml", "required_gpu_arch")]
     odd = tmp_path / "Odd.yaml"
     odd.write_text((CONFIGS / "Meta-Llama-3-8B-Instruct.yaml").read_text() + "rtoll: 0.1\nbatch_size: auto\n")

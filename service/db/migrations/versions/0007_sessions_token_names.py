@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0007_sessions_token_names"
-down_revision = "0005"
+down_revision = "0006_run_arms"
 branch_labels = None
 depends_on = None
 
