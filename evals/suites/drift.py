@@ -30,7 +30,7 @@ import math
 import random
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +91,7 @@ class Prompt:
     key: str
     text: str
     ids: list[int]
+    shared: int  # leading tokens every prompt has (the few-shot header): positions there say nothing new
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -99,11 +100,24 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in found.read_text().splitlines() if line.strip()]
 
 
-def _gsm8k_texts(config: DriftConfig) -> list[tuple[str, str]]:
+def _head(config: DriftConfig) -> str:
+    """The few-shot header every GSM8k prompt starts with."""
     shots = _read_jsonl(config.fewshot_file)[: config.num_fewshot]
-    head = "".join(f"Question: {s['question']}\nAnswer: {s['answer']}\n\n" for s in shots)
+    return "".join(f"Question: {s['question']}\nAnswer: {s['answer']}\n\n" for s in shots)
+
+
+def _gsm8k_texts(config: DriftConfig) -> list[tuple[str, str]]:
+    head = _head(config)
     items = _read_jsonl(config.questions_file)[: config.limit]
     return [(f"gsm8k-{i:04d}", f"{head}Question: {item['question']}\nAnswer:") for i, item in enumerate(items)]
+
+
+def common_prefix(sequences: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens all `sequences` share."""
+    if not sequences:
+        return 0
+    shortest = min(len(s) for s in sequences)
+    return next((i for i in range(shortest) if len({s[i] for s in sequences}) > 1), shortest)
 
 
 def fits(prompt_tokens: int, max_tokens: int, max_len: int) -> bool:
@@ -236,23 +250,30 @@ def _number(value: Any) -> float:
 
 
 async def _prompts(client: _Client, config: DriftConfig) -> list[Prompt]:
-    prompts = []
+    """The GSM8k prompts and the edge lengths; each knows how many leading tokens all share (the
+    header's tokens, as the server splits them, that every prompt starts with)."""
+    texts = _gsm8k_texts(config)
+    head_ids, _ = await client.tokenize(_head(config))
+    ids_of: list[tuple[str, str, list[int]]] = []
     max_len = 0
-    for key, text in _gsm8k_texts(config):
+    for key, text in texts:
         ids, max_len = await client.tokenize(text)
         if max_len and not fits(len(ids), config.max_tokens, max_len):
             raise ValueError(
                 f"drift: prompt {key} has {len(ids)} tokens; with max_tokens {config.max_tokens} the teacher-forced "
                 f"pass needs {len(ids) + config.max_tokens + 1} > {max_len} positions; lower num_fewshot or max_tokens"
             )
-        prompts.append(Prompt(key, text, ids))
+        ids_of.append((key, text, ids))
+    shared = common_prefix([head_ids, *(ids for _key, _text, ids in ids_of)])
+    prompts = [Prompt(key, text, ids, shared) for key, text, ids in ids_of]
     if config.edge_lengths and prompts:
         block = await client.block_size()
         filler = [token for p in prompts for token in p.ids]
         for key, length in edge_lengths(block, config.max_tokens, max_len or 10**9).items():
             if length <= len(filler):
                 ids = filler[:length]
-                prompts.append(Prompt(f"edge-{key}-{length}", f"<{length} tokens, block size {block}>", ids))
+                text = f"<{length} tokens, block size {block}>"
+                prompts.append(Prompt(f"edge-{key}-{length}", text, ids, min(shared, length)))
     return prompts
 
 
@@ -319,10 +340,14 @@ def _sample(
     drift: PromptDrift | None,
     reference: ArmOutput | None,
     config: DriftConfig,
+    again: ArmOutput | None = None,
 ) -> Sample:
+    """A reference's sample keeps its second pass (`again`) and a candidate's the reference's
+    output, so that a changed rule can re-compare stored runs."""
     finite = floor.finite if drift is None else drift.finite
     data: dict[str, Any] = {
         "prompt_ids": prompt.ids,
+        "shared": prompt.shared,
         "arm": pack(mine),
         "floor": floor.as_dict(),
         "drift": drift.as_dict() if drift is not None else None,
@@ -331,6 +356,8 @@ def _sample(
     }
     if reference is not None:
         data["reference"] = pack(reference)
+    if again is not None:
+        data["floor_arm"] = pack(again)
     diverged = drift.first_divergence if drift is not None else None
     return Sample(
         key=prompt.key,
@@ -341,6 +368,16 @@ def _sample(
         data=data,
         error=None if finite else "non-finite logprobs",
     )
+
+
+def recompare(candidate: Sample, reference: Sample) -> Sample:
+    """`candidate` with its floor and drift rows computed again by today's `compare` from the
+    stored outputs (the reference's two passes, the candidate's own and the reference's output),
+    for re-judging stored runs under a changed rule."""
+    ref, cand = candidate.data["reference"], candidate.data["arm"]
+    floor = compare(unpack(reference.data["arm"]), unpack(reference.data["floor_arm"]))
+    drift = compare(unpack(ref), unpack(cand))
+    return replace(candidate, data={**candidate.data, "floor": floor.as_dict(), "drift": drift.as_dict()})
 
 
 async def _run(context: SuiteContext) -> tuple[list[Sample], int]:
@@ -387,7 +424,7 @@ async def _run(context: SuiteContext) -> tuple[list[Sample], int]:
             random.Random(config.floor_seed).shuffle(shuffled)
 
             def floored(prompt: Prompt, again: ArmOutput) -> None:
-                keep(_sample(prompt, first[prompt.key], compare(first[prompt.key], again), None, None, config))
+                keep(_sample(prompt, first[prompt.key], compare(first[prompt.key], again), None, None, config, again))
 
             forced = {p.key: [*p.ids, *first[p.key].tokens] for p in todo}
             await _run_arm(client, shuffled, config.floor_concurrency, forced, floored)
