@@ -158,8 +158,10 @@ def accuracy_fails(candidate: Mapping[str, bool], reference: Mapping[str, bool])
 
 def report(kept: Mapping[str, Kept]) -> None:
     """The table, one row per candidate, and each candidate's explanation over all its prompts."""
-    print("| candidate | drift at 8 / 16 / all prompts | fewest prompts to non-pass / to fail | "
-          "GSM8k correct (paired) | fewest questions to GSM8k fail |")
+    print(
+        "| candidate | drift at 8 / 16 / all prompts | fewest prompts to non-pass / to fail | "
+        "GSM8k correct (paired) | fewest questions to GSM8k fail |"
+    )
     print("|---|---|---|---|---|")
     explanations = []
     for name, (eng, ref, what) in CANDIDATES.items():

@@ -8,7 +8,7 @@ nondeterminism. A later arm (`context.reference_samples`: the first arm of an A/
 promoted reference run's stored samples) is the candidate: it generates the same way, scores
 the reference's sequences teacher-forced, and every prompt stores both arms' tokens and
 logprobs with the comparison (`evals.logprob_drift`). The verdict comes from the metric kind
-`DRIFT` (floor, tolerance, close rule, non-finite logprobs).
+`DRIFT` (`evals.drift_verdict`: every path against its own floor and margin, non-finite logprobs).
 
 Prompts are GSM8k few-shot prompts plus edge lengths: prompts whose token count puts
 `seq_len mod block_size` at 0, 1 and block_size - 1 at the end of prefill, and one whose
@@ -39,16 +39,8 @@ from pydantic import Field
 
 from evals import fixtures, retry
 from evals.diff import SampleLike, diff_drift
-from evals.logprob_drift import (
-    DEFAULT_KL_TOLERANCE,
-    ArmOutput,
-    PromptDrift,
-    TopK,
-    compare,
-    judge_drift,
-    pack,
-    unpack,
-)
+from evals.drift_verdict import DEFAULT_DLOGPROB_MARGIN, DEFAULT_KL_MARGIN, judge_drift, kl_value
+from evals.logprob_drift import ArmOutput, PromptDrift, TopK, compare, pack, unpack
 from evals.metric_kinds import MetricKind
 from evals.suites.base import (
     MetricSpec,
@@ -63,7 +55,8 @@ from evals.suites.base import (
 
 NAME = "drift"
 METRIC = "kl"
-NON_FINITE_SEVERITY = 1e30  # above any KL, and still a JSON number (an infinity is not)
+NOT_FINITE = 1e30  # a non-finite KL where a number must be stored: above any KL, and still a JSON number
+# (an infinity is not); the judgement's `kl_finite` flag says it is not a KL
 BACKOFF_S = 0.5
 BACKOFF_CAP_S = 8.0
 _BLOCK_SIZE = re.compile(r'vllm:cache_config_info\{[^}]*block_size="(\d+)"')
@@ -83,7 +76,8 @@ class DriftConfig(SuiteConfig):
     floor_seed: int = 0
     block_size: int | None = Field(None, ge=2)
     edge_lengths: bool = True
-    kl_tolerance: float = Field(DEFAULT_KL_TOLERANCE, ge=0)
+    kl_tolerance: float = Field(DEFAULT_KL_MARGIN, ge=0)  # the KL margin over the floor
+    dlogprob_tolerance: float = Field(DEFAULT_DLOGPROB_MARGIN, ge=0)  # the decode |delta logprob| margin
 
 
 @dataclass(frozen=True)
@@ -353,6 +347,7 @@ def _sample(
         "drift": drift.as_dict() if drift is not None else None,
         "finite": finite,
         "kl_tolerance": config.kl_tolerance,
+        "dlogprob_tolerance": config.dlogprob_tolerance,
     }
     if reference is not None:
         data["reference"] = pack(reference)
@@ -375,8 +370,9 @@ def recompare(candidate: Sample, reference: Sample) -> Sample:
     stored outputs (the reference's two passes, the candidate's own and the reference's output),
     for re-judging stored runs under a changed rule."""
     ref, cand = candidate.data["reference"], candidate.data["arm"]
-    floor = compare(unpack(reference.data["arm"]), unpack(reference.data["floor_arm"]))
-    drift = compare(unpack(ref), unpack(cand))
+    shared, length = int(candidate.data["shared"]), len(candidate.data["prompt_ids"])
+    floor = compare(unpack(reference.data["arm"]), unpack(reference.data["floor_arm"]), shared, length)
+    drift = compare(unpack(ref), unpack(cand), shared, length)
     return replace(candidate, data={**candidate.data, "floor": floor.as_dict(), "drift": drift.as_dict()})
 
 
@@ -414,7 +410,8 @@ async def _run(context: SuiteContext) -> tuple[list[Sample], int]:
             def compared(prompt: Prompt, mine: ArmOutput) -> None:
                 data = references[prompt.key]
                 ref, floor = unpack(data["arm"]), PromptDrift(**data["floor"])
-                keep(_sample(prompt, mine, floor, compare(ref, mine), ref, config))
+                drift = compare(ref, mine, prompt.shared, len(prompt.ids))
+                keep(_sample(prompt, mine, floor, drift, ref, config))
 
             forced = {key: [*data["prompt_ids"], *data["arm"]["tokens"]] for key, data in references.items()}
             await _run_arm(client, todo, config.concurrency, forced, compared)
@@ -424,7 +421,8 @@ async def _run(context: SuiteContext) -> tuple[list[Sample], int]:
             random.Random(config.floor_seed).shuffle(shuffled)
 
             def floored(prompt: Prompt, again: ArmOutput) -> None:
-                keep(_sample(prompt, first[prompt.key], compare(first[prompt.key], again), None, None, config, again))
+                floor = compare(first[prompt.key], again, prompt.shared, len(prompt.ids))
+                keep(_sample(prompt, first[prompt.key], floor, None, None, config, again))
 
             forced = {p.key: [*p.ids, *first[p.key].tokens] for p in todo}
             await _run_arm(client, shuffled, config.floor_concurrency, forced, floored)
@@ -434,12 +432,12 @@ async def _run(context: SuiteContext) -> tuple[list[Sample], int]:
 def run(context: SuiteContext) -> SuiteOutcome:
     samples, reused = asyncio.run(_run(context))
     scores = DRIFT.scores({s.key: s for s in samples}, METRIC)
-    rows = [row["drift"] or row["floor"] for row in scores.values()]
-    value = math.fsum(r["mean_kl"] for r in rows) / len(rows) if rows else 0.0
+    value = kl_value([row["drift"] or row["floor"] for row in scores.values()])
     compared = any(row["drift"] is not None for row in scores.values())
     empty = sum(1 for s in samples if not s.data["arm"]["tokens"])
+    n = len(samples)
     return SuiteOutcome(
-        metrics=[MetricValue(name=METRIC, value=value, n=len(samples), direction="lower")],
+        metrics=[MetricValue(name=METRIC, value=NOT_FINITE if value is None else value, n=n, direction="lower")],
         samples=samples,
         empty_response_rate=empty / len(samples) if samples else 1.0,
         details={"prompts": len(samples), "role": "candidate" if compared else "reference", "reused_samples": reused},
@@ -448,11 +446,8 @@ def run(context: SuiteContext) -> SuiteOutcome:
 
 def _scores(samples: Mapping[str, SampleLike], metric: str) -> dict[str, Any]:
     """key -> the prompt's floor and (for a candidate) drift rows, as `judge_drift` reads them."""
-    return {
-        key: {k: s.data[k] for k in ("floor", "drift", "finite", "kl_tolerance")}
-        for key, s in samples.items()
-        if "floor" in s.data
-    }
+    fields = ("floor", "drift", "finite", "kl_tolerance", "dlogprob_tolerance")
+    return {key: {k: s.data[k] for k in fields if k in s.data} for key, s in samples.items() if "floor" in s.data}
 
 
 def _passed(sample: SampleLike, metric: str) -> bool | None:
@@ -466,7 +461,7 @@ def _severity(sample: SampleLike, metric: str) -> float | None:
     row = sample.data.get("drift") or sample.data.get("floor")
     if row is None:
         return None
-    return NON_FINITE_SEVERITY if not sample.data.get("finite", True) else float(row["mean_kl"])
+    return NOT_FINITE if not sample.data.get("finite", True) or row["mean_kl"] is None else float(row["mean_kl"])
 
 
 DRIFT = MetricKind(
