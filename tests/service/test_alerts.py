@@ -243,3 +243,24 @@ def test_a_receiver_that_recovers_gets_the_alert_and_a_refusing_one_is_not_retri
     assert len(receiver.requests) == 4  # one more try only: a 400 will not change on retry
     [failure] = _events(database_url, second, "alert_failed")
     assert "after 1 attempt(s): HTTP 400" in failure
+
+
+def test_a_passed_run_with_a_drift_warning_is_alerted(receiver: Receiver, database_url: str, tmp_path: Path) -> None:
+    """`warn` is not a failure, but every run that carries one says so, not only the first."""
+    from evals.drift_verdict import judge_drift
+    from evals.logprob_drift import PromptDrift
+
+    def row(kl: float) -> dict[str, Any]:
+        return PromptDrift(None, True, 0.0, kl, kl, 1.0, 0.0, True).as_dict()
+
+    rows = {f"p{i}": {"floor": row(0.0), "drift": row(1e-4 * (1 + i % 3)), "finite": True} for i in range(16)}
+    warned = judge_drift("drift", "kl", rows, None)
+    assert warned.verdict == "warn", warned.explanation
+    first = _finished_run(database_url, "drift", Status.PASSED, warned)
+    second = _finished_run(database_url, "drift", Status.PASSED, warned)
+    settings = _settings(tmp_path, database_url, alert_webhooks=[receiver.url])
+    for run_id in (first, second):
+        assert alert_run(settings, run_id, "test")
+    bodies = [b for _, b in receiver.requests]
+    assert [b["kind"] for b in bodies] == ["run_warned", "run_warned"]
+    assert "passed with a warning" in bodies[0]["text"] and warned.explanation in bodies[0]["text"]
