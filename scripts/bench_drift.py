@@ -133,11 +133,18 @@ def fewest(total: int, hits: Callable[[int], bool]) -> int | None:
     return next((n for n in range(1, total + 1) if hits(n)), None)
 
 
+def rejudged(candidate: Mapping[str, Sample], reference: Mapping[str, Sample]) -> dict[str, Any]:
+    """The candidate's rows recomputed from its stored outputs, with today's default margins."""
+    rebuilt = {key: drift.recompare(s, reference[key]) for key, s in candidate.items()}
+    defaults = drift.DriftConfig()
+    margins = {"kl_tolerance": defaults.kl_tolerance, "dlogprob_tolerance": defaults.dlogprob_tolerance}
+    return {key: {**row, **margins} for key, row in drift.DRIFT.scores(rebuilt, drift.METRIC).items()}
+
+
 def drift_verdicts(candidate: Mapping[str, Sample], reference: Mapping[str, Sample]) -> Callable[[int], str]:
     """n -> the drift verdict on the first n prompts, rows recomputed from the stored outputs."""
-    rebuilt = {key: drift.recompare(s, reference[key]) for key, s in candidate.items()}
-    keys = sorted(rebuilt)
-    scores = drift.DRIFT.scores(rebuilt, drift.METRIC)
+    scores = rejudged(candidate, reference)
+    keys = sorted(scores)
 
     def verdict(n: int) -> str:
         subset = {key: scores[key] for key in keys[:n]}
@@ -177,8 +184,7 @@ def report(kept: Mapping[str, Kept]) -> None:
         questions = "—" if eng == ref else str(gsm8k_fail or f"> {len(flags)}")
         correct = f"{sum(flags.values())}/{len(flags)} vs {sum(ref_flags.values())}/{len(ref_flags)}"
         print(f"| {what} | {at} | {non_pass or f'> {total}'} / {failed or f'> {total}'} | {correct} | {questions} |")
-        rebuilt = {key: drift.recompare(s, reference[key]) for key, s in samples.items()}
-        full = drift.DRIFT.judge("drift", drift.METRIC, drift.DRIFT.scores(rebuilt, drift.METRIC), None)
+        full = drift.DRIFT.judge("drift", drift.METRIC, rejudged(samples, reference), None)
         explanations.append(f"{name}: {full.explanation}")
     print("\n" + "\n\n".join(explanations), flush=True)
 

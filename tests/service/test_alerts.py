@@ -253,7 +253,7 @@ def test_a_passed_run_with_a_drift_warning_is_alerted(receiver: Receiver, databa
     def row(kl: float) -> dict[str, Any]:
         return PromptDrift(None, True, 0.0, kl, kl, 1.0, 0.0, True).as_dict()
 
-    rows = {f"p{i}": {"floor": row(0.0), "drift": row(1e-4 * (1 + i % 3)), "finite": True} for i in range(16)}
+    rows = {f"p{i}": {"floor": row(0.0), "drift": row(2e-5 * (1 + i % 3)), "finite": True} for i in range(16)}
     warned = judge_drift("drift", "kl", rows, None)
     assert warned.verdict == "warn", warned.explanation
     first = _finished_run(database_url, "drift", Status.PASSED, warned)
