@@ -8,7 +8,8 @@ nondeterminism. A later arm (`context.reference_samples`: the first arm of an A/
 promoted reference run's stored samples) is the candidate: it generates the same way, scores
 the reference's sequences teacher-forced, and every prompt stores both arms' tokens and
 logprobs with the comparison (`evals.logprob_drift`). The verdict comes from the metric kind
-`DRIFT` (`evals.drift_verdict`: every path against its own floor and margin, non-finite logprobs).
+`DRIFT` (`evals.drift_kind`; the rule, every path against its own floor and margin, in
+`evals.drift_verdict`).
 
 Prompts are GSM8k few-shot prompts plus edge lengths: prompts whose token count puts
 `seq_len mod block_size` at 0, 1 and block_size - 1 at the end of prefill, and one whose
@@ -38,10 +39,9 @@ import httpx
 from pydantic import Field
 
 from evals import fixtures, retry
-from evals.diff import SampleLike, diff_drift
-from evals.drift_verdict import DEFAULT_DLOGPROB_MARGIN, DEFAULT_KL_MARGIN, judge_drift, kl_value
+from evals.drift_kind import DRIFT, NOT_FINITE
+from evals.drift_verdict import DEFAULT_DLOGPROB_MARGIN, DEFAULT_KL_MARGIN, kl_value
 from evals.logprob_drift import ArmOutput, PromptDrift, TopK, compare, pack, unpack
-from evals.metric_kinds import MetricKind
 from evals.suites.base import (
     MetricSpec,
     MetricValue,
@@ -55,8 +55,6 @@ from evals.suites.base import (
 
 NAME = "drift"
 METRIC = "kl"
-NOT_FINITE = 1e30  # a non-finite KL where a number must be stored: above any KL, and still a JSON number
-# (an infinity is not); the judgement's `kl_finite` flag says it is not a KL
 BACKOFF_S = 0.5
 BACKOFF_CAP_S = 8.0
 _BLOCK_SIZE = re.compile(r'vllm:cache_config_info\{[^}]*block_size="(\d+)"')
@@ -443,37 +441,6 @@ def run(context: SuiteContext) -> SuiteOutcome:
         details={"prompts": len(samples), "role": "candidate" if compared else "reference", "reused_samples": reused},
     )
 
-
-def _scores(samples: Mapping[str, SampleLike], metric: str) -> dict[str, Any]:
-    """key -> the prompt's floor and (for a candidate) drift rows, as `judge_drift` reads them."""
-    fields = ("floor", "drift", "finite", "kl_tolerance", "dlogprob_tolerance")
-    return {key: {k: s.data[k] for k in fields if k in s.data} for key, s in samples.items() if "floor" in s.data}
-
-
-def _passed(sample: SampleLike, metric: str) -> bool | None:
-    if "floor" not in sample.data:
-        return None
-    drift = sample.data.get("drift")
-    return bool(sample.data["finite"]) and (drift is None or (drift["close"] and drift["first_divergence"] is None))
-
-
-def _severity(sample: SampleLike, metric: str) -> float | None:
-    row = sample.data.get("drift") or sample.data.get("floor")
-    if row is None:
-        return None
-    return NOT_FINITE if not sample.data.get("finite", True) or row["mean_kl"] is None else float(row["mean_kl"])
-
-
-DRIFT = MetricKind(
-    name="drift",
-    direction="lower",
-    items="prompts",
-    scores=_scores,
-    judge=judge_drift,
-    diff=lambda a, b, metrics, top: diff_drift(a, b, top=top),
-    passed=_passed,
-    severity=_severity,
-)
 
 DEFINITION = SuiteDefinition(
     name=NAME, config_model=DriftConfig, metrics=(MetricSpec(METRIC, DRIFT),), run=run, compares_outputs=True
