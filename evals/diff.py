@@ -132,7 +132,7 @@ class DriftChange:
     key: str
     first_divergence: int | None  # decode position where run b's greedy token first differs
     close: bool  # the divergent tokens are in each other's top-k
-    mean_abs_dlogprob: float  # chosen token, before the divergence
+    mean_abs_dlogprob: float | None  # chosen token, before the divergence (None: no common prefix, or not finite)
     tokens_a: list[int]
     tokens_b: list[int]
 

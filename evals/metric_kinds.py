@@ -11,7 +11,7 @@ its suite's module) and one dashboard partial per view, with no branch added els
 - `wer`: per-utterance word error counts, lower is better, corpus WER with a bootstrap
   interval and a paired bootstrap when paired.
 
-The drift suite declares its own kind (`drift`, in `evals/suites/drift.py`); the generic
+The drift suite declares its own kind (`drift`, in `evals/drift_kind.py`); the generic
 lm-eval suite reports every metric its profile names as `accuracy` (its open kind).
 """
 

@@ -50,11 +50,11 @@ from evals.stats import (
     wilson_interval,
 )
 
-Verdict = Literal["pass", "fail", "inconclusive", "no_baseline"]
+Verdict = Literal["pass", "warn", "fail", "inconclusive", "no_baseline"]
 Kind = Literal["accuracy", "wer"]
 POWER = 0.8
 _FLOAT_SLACK = 1e-9  # a value equal to the threshold is not failed by float rounding
-_SEVERITY: dict[str, int] = {"pass": 0, "no_baseline": 1, "inconclusive": 2, "fail": 3}
+_SEVERITY: dict[str, int] = {"pass": 0, "no_baseline": 1, "warn": 2, "inconclusive": 3, "fail": 4}
 Details = dict[str, float | int | str | None]
 _ITEMS: dict[str, str] = {"accuracy": "items", "wer": "utterances"}
 
@@ -114,10 +114,12 @@ def threshold(baseline: Baseline) -> float | None:
 
 
 def run_verdict(judgements: Sequence[MetricJudgement]) -> str:
-    """The worst metric decides: fail > inconclusive > no_baseline > pass; none -> no_baseline.
+    """The worst metric decides: fail > inconclusive > warn > no_baseline > pass; none -> no_baseline.
 
     Inconclusive outranks no_baseline because it may hide a regression the tolerance
     cares about, while a missing baseline is a known gap in configuration, not in data.
+    `warn` (the drift suite's "drift detected beyond the floor, within the margin") is not a
+    failure: a run whose worst verdict is `warn` ends `passed`, and the warn stays visible.
     """
     if not judgements:
         return "no_baseline"

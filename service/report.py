@@ -24,7 +24,13 @@ def cli_console() -> Console:
     return Console(width=UNWRAPPED_WIDTH)
 
 
-VERDICT_STYLE = {"pass": "green", "fail": "bold red", "inconclusive": "yellow", "no_baseline": "cyan"}
+VERDICT_STYLE = {
+    "pass": "green",
+    "warn": "bold magenta",
+    "fail": "bold red",
+    "inconclusive": "yellow",
+    "no_baseline": "cyan",
+}
 
 
 def format_number(value: float | None) -> str:
@@ -33,6 +39,12 @@ def format_number(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value:.4g}" if 0 < abs(value) < 1e-3 or abs(value) >= 1e6 else f"{value:.4f}"
+
+
+def metric_value(metric: MetricOut) -> str:
+    """The metric's value, or "not finite" where its judgement flags it so (a drift KL over
+    non-finite logprobs is stored as a placeholder number, never shown as one)."""
+    return "not finite" if metric.details.get("kl_finite") is False else format_number(metric.value)
 
 
 def print_run(run: RunDetail, console: Console | None = None) -> None:
@@ -58,7 +70,7 @@ def print_run(run: RunDetail, console: Console | None = None) -> None:
                 m.arm,
                 m.suite,
                 m.metric,
-                format_number(m.value),
+                metric_value(m),
                 interval,
                 str(m.n),
                 format_number(m.baseline),
@@ -80,15 +92,18 @@ def _case(suite: ET.Element, metric: MetricOut, *, as_failure: bool) -> None:
         suite, "testcase", classname=f"kvcanary.{metric.suite}", name=f"{metric.metric} [{metric.arm}]"
     )
     message = (
-        f"{metric.suite}.{metric.metric} = {format_number(metric.value)} (n={metric.n}, "
+        f"{metric.suite}.{metric.metric} = {metric_value(metric)} (n={metric.n}, "
         f"baseline {format_number(metric.baseline)}, threshold {format_number(metric.threshold)}): "
         f"{metric.verdict}. {metric.explanation}"
     )
+    properties = ET.SubElement(case, "properties")
+    ET.SubElement(properties, "property", name="verdict", value=metric.verdict or "")
     if metric.verdict == "fail" and as_failure:
         ET.SubElement(case, "failure", message=message, type="regression").text = message
     elif metric.verdict in ("inconclusive", "no_baseline"):
         ET.SubElement(case, "skipped", message=message)
-    ET.SubElement(case, "system-out").text = message
+    # `warn` passes: drift beyond the floor within the margin, named by the property and the output
+    ET.SubElement(case, "system-out").text = ("WARNING: " if metric.verdict == "warn" else "") + message
 
 
 def _expectations_case(suite: ET.Element, run: RunDetail) -> None:
@@ -102,8 +117,9 @@ def _expectations_case(suite: ET.Element, run: RunDetail) -> None:
 
 
 def write_junit(run: RunDetail, path: Path) -> None:
-    """One test case per metric, the numbers and the explanation in its message; with expectations,
-    one more case for them, and a metric's fail counts only through it."""
+    """One test case per metric, the numbers and the explanation in its message, its verdict as a
+    property (a `warn` is a passing case whose output starts with WARNING, listed on the suite too);
+    with expectations, one more case for them, and a metric's fail counts only through it."""
     judged = [m for m in run.metrics if m.verdict is not None]
     expected = bool(run.expect)
     failures = int(run.outcome == "unexpected") if expected else sum(m.verdict == "fail" for m in judged)
@@ -116,6 +132,10 @@ def write_junit(run: RunDetail, path: Path) -> None:
         errors=str(errors),
         skipped=str(sum(m.verdict in ("inconclusive", "no_baseline") for m in judged)),
     )
+    warned = [f"{m.suite}.{m.metric} [{m.arm}]" for m in judged if m.verdict == "warn"]
+    if warned:
+        properties = ET.SubElement(suite, "properties")
+        ET.SubElement(properties, "property", name="kvcanary.warnings", value=", ".join(warned))
     for metric in judged:
         _case(suite, metric, as_failure=not expected)
     if expected:

@@ -8,7 +8,8 @@ nondeterminism. A later arm (`context.reference_samples`: the first arm of an A/
 promoted reference run's stored samples) is the candidate: it generates the same way, scores
 the reference's sequences teacher-forced, and every prompt stores both arms' tokens and
 logprobs with the comparison (`evals.logprob_drift`). The verdict comes from the metric kind
-`DRIFT` (floor, tolerance, close rule, non-finite logprobs).
+`DRIFT` (`evals.drift_kind`; the rule, every path against its own floor and margin, in
+`evals.drift_verdict`).
 
 Prompts are GSM8k few-shot prompts plus edge lengths: prompts whose token count puts
 `seq_len mod block_size` at 0, 1 and block_size - 1 at the end of prefill, and one whose
@@ -30,7 +31,7 @@ import math
 import random
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,18 +39,9 @@ import httpx
 from pydantic import Field
 
 from evals import fixtures, retry
-from evals.diff import SampleLike, diff_drift
-from evals.logprob_drift import (
-    DEFAULT_KL_TOLERANCE,
-    ArmOutput,
-    PromptDrift,
-    TopK,
-    compare,
-    judge_drift,
-    pack,
-    unpack,
-)
-from evals.metric_kinds import MetricKind
+from evals.drift_kind import DRIFT, NOT_FINITE
+from evals.drift_verdict import DEFAULT_DLOGPROB_MARGIN, DEFAULT_KL_MARGIN, kl_value
+from evals.logprob_drift import ArmOutput, PromptDrift, TopK, compare, pack, unpack
 from evals.suites.base import (
     MetricSpec,
     MetricValue,
@@ -63,7 +55,6 @@ from evals.suites.base import (
 
 NAME = "drift"
 METRIC = "kl"
-NON_FINITE_SEVERITY = 1e30  # above any KL, and still a JSON number (an infinity is not)
 BACKOFF_S = 0.5
 BACKOFF_CAP_S = 8.0
 _BLOCK_SIZE = re.compile(r'vllm:cache_config_info\{[^}]*block_size="(\d+)"')
@@ -83,7 +74,8 @@ class DriftConfig(SuiteConfig):
     floor_seed: int = 0
     block_size: int | None = Field(None, ge=2)
     edge_lengths: bool = True
-    kl_tolerance: float = Field(DEFAULT_KL_TOLERANCE, ge=0)
+    kl_tolerance: float = Field(DEFAULT_KL_MARGIN, ge=0)  # the KL margin over the floor
+    dlogprob_tolerance: float = Field(DEFAULT_DLOGPROB_MARGIN, ge=0)  # the decode |delta logprob| margin
 
 
 @dataclass(frozen=True)
@@ -91,6 +83,7 @@ class Prompt:
     key: str
     text: str
     ids: list[int]
+    shared: int  # leading tokens every prompt has (the few-shot header): positions there say nothing new
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -99,11 +92,24 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in found.read_text().splitlines() if line.strip()]
 
 
-def _gsm8k_texts(config: DriftConfig) -> list[tuple[str, str]]:
+def _head(config: DriftConfig) -> str:
+    """The few-shot header every GSM8k prompt starts with."""
     shots = _read_jsonl(config.fewshot_file)[: config.num_fewshot]
-    head = "".join(f"Question: {s['question']}\nAnswer: {s['answer']}\n\n" for s in shots)
+    return "".join(f"Question: {s['question']}\nAnswer: {s['answer']}\n\n" for s in shots)
+
+
+def _gsm8k_texts(config: DriftConfig) -> list[tuple[str, str]]:
+    head = _head(config)
     items = _read_jsonl(config.questions_file)[: config.limit]
     return [(f"gsm8k-{i:04d}", f"{head}Question: {item['question']}\nAnswer:") for i, item in enumerate(items)]
+
+
+def common_prefix(sequences: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens all `sequences` share."""
+    if not sequences:
+        return 0
+    shortest = min(len(s) for s in sequences)
+    return next((i for i in range(shortest) if len({s[i] for s in sequences}) > 1), shortest)
 
 
 def fits(prompt_tokens: int, max_tokens: int, max_len: int) -> bool:
@@ -236,23 +242,30 @@ def _number(value: Any) -> float:
 
 
 async def _prompts(client: _Client, config: DriftConfig) -> list[Prompt]:
-    prompts = []
+    """The GSM8k prompts and the edge lengths; each knows how many leading tokens all share (the
+    header's tokens, as the server splits them, that every prompt starts with)."""
+    texts = _gsm8k_texts(config)
+    head_ids, _ = await client.tokenize(_head(config))
+    ids_of: list[tuple[str, str, list[int]]] = []
     max_len = 0
-    for key, text in _gsm8k_texts(config):
+    for key, text in texts:
         ids, max_len = await client.tokenize(text)
         if max_len and not fits(len(ids), config.max_tokens, max_len):
             raise ValueError(
                 f"drift: prompt {key} has {len(ids)} tokens; with max_tokens {config.max_tokens} the teacher-forced "
                 f"pass needs {len(ids) + config.max_tokens + 1} > {max_len} positions; lower num_fewshot or max_tokens"
             )
-        prompts.append(Prompt(key, text, ids))
+        ids_of.append((key, text, ids))
+    shared = common_prefix([head_ids, *(ids for _key, _text, ids in ids_of)])
+    prompts = [Prompt(key, text, ids, shared) for key, text, ids in ids_of]
     if config.edge_lengths and prompts:
         block = await client.block_size()
         filler = [token for p in prompts for token in p.ids]
         for key, length in edge_lengths(block, config.max_tokens, max_len or 10**9).items():
             if length <= len(filler):
                 ids = filler[:length]
-                prompts.append(Prompt(f"edge-{key}-{length}", f"<{length} tokens, block size {block}>", ids))
+                text = f"<{length} tokens, block size {block}>"
+                prompts.append(Prompt(f"edge-{key}-{length}", text, ids, min(shared, length)))
     return prompts
 
 
@@ -319,18 +332,25 @@ def _sample(
     drift: PromptDrift | None,
     reference: ArmOutput | None,
     config: DriftConfig,
+    again: ArmOutput | None = None,
 ) -> Sample:
+    """A reference's sample keeps its second pass (`again`) and a candidate's the reference's
+    output, so that a changed rule can re-compare stored runs."""
     finite = floor.finite if drift is None else drift.finite
     data: dict[str, Any] = {
         "prompt_ids": prompt.ids,
+        "shared": prompt.shared,
         "arm": pack(mine),
         "floor": floor.as_dict(),
         "drift": drift.as_dict() if drift is not None else None,
         "finite": finite,
         "kl_tolerance": config.kl_tolerance,
+        "dlogprob_tolerance": config.dlogprob_tolerance,
     }
     if reference is not None:
         data["reference"] = pack(reference)
+    if again is not None:
+        data["floor_arm"] = pack(again)
     diverged = drift.first_divergence if drift is not None else None
     return Sample(
         key=prompt.key,
@@ -341,6 +361,17 @@ def _sample(
         data=data,
         error=None if finite else "non-finite logprobs",
     )
+
+
+def recompare(candidate: Sample, reference: Sample) -> Sample:
+    """`candidate` with its floor and drift rows computed again by today's `compare` from the
+    stored outputs (the reference's two passes, the candidate's own and the reference's output),
+    for re-judging stored runs under a changed rule."""
+    ref, cand = candidate.data["reference"], candidate.data["arm"]
+    shared, length = int(candidate.data["shared"]), len(candidate.data["prompt_ids"])
+    floor = compare(unpack(reference.data["arm"]), unpack(reference.data["floor_arm"]), shared, length)
+    drift = compare(unpack(ref), unpack(cand), shared, length)
+    return replace(candidate, data={**candidate.data, "floor": floor.as_dict(), "drift": drift.as_dict()})
 
 
 async def _run(context: SuiteContext) -> tuple[list[Sample], int]:
@@ -377,7 +408,8 @@ async def _run(context: SuiteContext) -> tuple[list[Sample], int]:
             def compared(prompt: Prompt, mine: ArmOutput) -> None:
                 data = references[prompt.key]
                 ref, floor = unpack(data["arm"]), PromptDrift(**data["floor"])
-                keep(_sample(prompt, mine, floor, compare(ref, mine), ref, config))
+                drift = compare(ref, mine, prompt.shared, len(prompt.ids))
+                keep(_sample(prompt, mine, floor, drift, ref, config))
 
             forced = {key: [*data["prompt_ids"], *data["arm"]["tokens"]] for key, data in references.items()}
             await _run_arm(client, todo, config.concurrency, forced, compared)
@@ -387,7 +419,8 @@ async def _run(context: SuiteContext) -> tuple[list[Sample], int]:
             random.Random(config.floor_seed).shuffle(shuffled)
 
             def floored(prompt: Prompt, again: ArmOutput) -> None:
-                keep(_sample(prompt, first[prompt.key], compare(first[prompt.key], again), None, None, config))
+                floor = compare(first[prompt.key], again, prompt.shared, len(prompt.ids))
+                keep(_sample(prompt, first[prompt.key], floor, None, None, config, again))
 
             forced = {p.key: [*p.ids, *first[p.key].tokens] for p in todo}
             await _run_arm(client, shuffled, config.floor_concurrency, forced, floored)
@@ -397,51 +430,17 @@ async def _run(context: SuiteContext) -> tuple[list[Sample], int]:
 def run(context: SuiteContext) -> SuiteOutcome:
     samples, reused = asyncio.run(_run(context))
     scores = DRIFT.scores({s.key: s for s in samples}, METRIC)
-    rows = [row["drift"] or row["floor"] for row in scores.values()]
-    value = math.fsum(r["mean_kl"] for r in rows) / len(rows) if rows else 0.0
+    value = kl_value([row["drift"] or row["floor"] for row in scores.values()])
     compared = any(row["drift"] is not None for row in scores.values())
     empty = sum(1 for s in samples if not s.data["arm"]["tokens"])
+    n = len(samples)
     return SuiteOutcome(
-        metrics=[MetricValue(name=METRIC, value=value, n=len(samples), direction="lower")],
+        metrics=[MetricValue(name=METRIC, value=NOT_FINITE if value is None else value, n=n, direction="lower")],
         samples=samples,
         empty_response_rate=empty / len(samples) if samples else 1.0,
         details={"prompts": len(samples), "role": "candidate" if compared else "reference", "reused_samples": reused},
     )
 
-
-def _scores(samples: Mapping[str, SampleLike], metric: str) -> dict[str, Any]:
-    """key -> the prompt's floor and (for a candidate) drift rows, as `judge_drift` reads them."""
-    return {
-        key: {k: s.data[k] for k in ("floor", "drift", "finite", "kl_tolerance")}
-        for key, s in samples.items()
-        if "floor" in s.data
-    }
-
-
-def _passed(sample: SampleLike, metric: str) -> bool | None:
-    if "floor" not in sample.data:
-        return None
-    drift = sample.data.get("drift")
-    return bool(sample.data["finite"]) and (drift is None or (drift["close"] and drift["first_divergence"] is None))
-
-
-def _severity(sample: SampleLike, metric: str) -> float | None:
-    row = sample.data.get("drift") or sample.data.get("floor")
-    if row is None:
-        return None
-    return NON_FINITE_SEVERITY if not sample.data.get("finite", True) else float(row["mean_kl"])
-
-
-DRIFT = MetricKind(
-    name="drift",
-    direction="lower",
-    items="prompts",
-    scores=_scores,
-    judge=judge_drift,
-    diff=lambda a, b, metrics, top: diff_drift(a, b, top=top),
-    passed=_passed,
-    severity=_severity,
-)
 
 DEFINITION = SuiteDefinition(
     name=NAME, config_model=DriftConfig, metrics=(MetricSpec(METRIC, DRIFT),), run=run, compares_outputs=True

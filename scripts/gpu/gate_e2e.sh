@@ -3,6 +3,8 @@
 #
 #   scripts/gpu/gate_e2e.sh pack KIT_BUILDER OUTDIR   on a machine with PyPI: everything the host needs
 #   scripts/gpu/gate_e2e.sh run  CARRIED OUTDIR [ROWS] on the GPU host (no network): set up, run, table
+#   scripts/gpu/gate_e2e.sh calibrate CARRIED OUTDIR [REPEATS]  the same set-up, then the drift suite's
+#                                                   calibration (scripts/gpu/drift_calibration.py)
 #
 # `pack` builds the offline vLLM 0.24.0 kit (KIT_BUILDER is the kit's build.sh), kvcanary's wheel
 # with its server and suites extras and the wheels they need beyond the kit and the host's own
@@ -37,8 +39,8 @@ pack() {
   du -sh "$out"/kit/part* "$out"/kit/host "$out"/kit/addon-fa3 "$out"/wheels "$out"/fixtures/* | sort -k2
 }
 
-run() {
-  local carried=$1 out=$2 rows=${3:-gsm8k,whisper,mla,legacy}
+setup() {
+  local carried=$1 out=$2
   carried=$(cd "$carried" && pwd)
   mkdir -p "$out" && out=$(cd "$out" && pwd)
   bash "$carried/kit/host/setup.sh" "$carried/kit"
@@ -57,12 +59,27 @@ run() {
   # shellcheck disable=SC1091
   source /tmp/bundle/kit-env.sh
   export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+}
+
+run() {
+  local out=$2 rows=${3:-gsm8k,whisper,mla,legacy}
+  setup "$1" "$out"
+  out=$(cd "$out" && pwd)
   cd "$out"  # nothing of the checkout may shadow the installed kvcanary
   python3 "$here/gate_e2e.py" --out "$out" --rows "$rows"
+}
+
+calibrate() {
+  local out=$2 repeats=${3:-5}
+  setup "$1" "$out"
+  out=$(cd "$out" && pwd)
+  cd "$out"
+  python3 "$here/drift_calibration.py" --out "$out" --repeats "$repeats"
 }
 
 case "${1:-}" in
   pack) shift; pack "$@" ;;
   run) shift; run "$@" ;;
-  *) sed -n '2,16p' "$0"; exit 2 ;;
+  calibrate) shift; calibrate "$@" ;;
+  *) sed -n '2,18p' "$0"; exit 2 ;;
 esac

@@ -1,5 +1,6 @@
-"""What a finished run has to say: failed, errored, or a metric's verdict moved since the last run;
-for a run with expectations (`expect`), only whether its arms did what was expected, and errors.
+"""What a finished run has to say: failed, errored, passed with a warning (a metric's `warn`:
+drift beyond the floor within the margin), or a metric's verdict moved since the last run; for a
+run with expectations (`expect`), only whether its arms did what was expected, and errors.
 
 "The last run" is the latest earlier run of the same profile that reached a verdict (passed
 or failed); runs that errored or were cancelled have no verdicts to compare with.
@@ -23,7 +24,7 @@ from service.arms import describe_outcome
 from service.db.models import Run, SuiteResult
 from service.runs.state import Status
 
-Kind = Literal["run_failed", "run_error", "verdict_changed", "run_unexpected"]
+Kind = Literal["run_failed", "run_error", "run_warned", "verdict_changed", "run_unexpected"]
 JUDGED = (Status.PASSED.value, Status.FAILED.value)
 MAX_ERROR_CHARS = 600
 
@@ -116,7 +117,7 @@ def _text(
 
 
 def compose(session: Session, run: Run, run_url: str) -> AlertMessage | None:
-    """The alert a finished run warrants, or None when it passed with every verdict as before."""
+    """The alert a finished run warrants, or None when it passed with no warning and every verdict as before."""
     previous = previous_judged_run(session, run)
     before = _verdicts(session, previous.id) if previous else {}
     metrics = []
@@ -143,6 +144,8 @@ def compose(session: Session, run: Run, run_url: str) -> AlertMessage | None:
         return None  # its arms did what was expected, a fail included: the gate saw what it should
     elif run.status == Status.FAILED.value:
         kind, headline = "run_failed", "FAILED its accuracy gate"
+    elif run.status == Status.PASSED.value and any(m.verdict == "warn" for m in metrics):
+        kind, headline = "run_warned", "passed with a warning: drift beyond the floor, within the margin"
     elif run.status == Status.PASSED.value and any(m.changed for m in metrics):
         kind, headline = "verdict_changed", "passed, but a metric's verdict changed since the previous run"
     else:

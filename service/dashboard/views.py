@@ -54,7 +54,7 @@ def _point(row: SuiteResult, run: Run) -> dict[str, Any]:
         "run_id": run.id,
         "at": run.created_at.isoformat(),
         "arm": row.arm,
-        "value": row.value,
+        "value": None if (row.details or {}).get("kl_finite") is False else row.value,  # not finite: no point
         "ci_low": row.ci_low,
         "ci_high": row.ci_high,
         "n": row.n,

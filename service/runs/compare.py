@@ -63,7 +63,7 @@ class DriftChangeOut(BaseModel):
     key: str
     first_divergence: int | None
     close: bool = Field(description="The divergent tokens are in each other's top-k")
-    mean_abs_dlogprob: float
+    mean_abs_dlogprob: float | None
     tokens_a: list[int]
     tokens_b: list[int]
 

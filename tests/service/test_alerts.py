@@ -300,3 +300,24 @@ def test_slack_alerts_escape_control_sequences_in_every_quoted_value(
     assert f"{PUBLIC_URL}/runs/{run_id}" in text  # the link to the run still works
     assert generic["run"]["labels"]["git_sha"] == hostile and hostile in generic["text"]
     assert "slack_text" not in generic
+
+
+def test_a_passed_run_with_a_drift_warning_is_alerted(receiver: Receiver, database_url: str, tmp_path: Path) -> None:
+    """`warn` is not a failure, but every run that carries one says so, not only the first."""
+    from evals.drift_verdict import judge_drift
+    from evals.logprob_drift import PromptDrift
+
+    def row(kl: float) -> dict[str, Any]:
+        return PromptDrift(None, True, 0.0, kl, kl, 1.0, 0.0, True).as_dict()
+
+    rows = {f"p{i}": {"floor": row(0.0), "drift": row(2e-5 * (1 + i % 3)), "finite": True} for i in range(16)}
+    warned = judge_drift("drift", "kl", rows, None)
+    assert warned.verdict == "warn", warned.explanation
+    first = _finished_run(database_url, "drift", Status.PASSED, warned)
+    second = _finished_run(database_url, "drift", Status.PASSED, warned)
+    settings = _settings(tmp_path, database_url, alert_webhooks=[receiver.url])
+    for run_id in (first, second):
+        assert alert_run(settings, run_id, "test")
+    bodies = [b for _, b in receiver.requests]
+    assert [b["kind"] for b in bodies] == ["run_warned", "run_warned"]
+    assert "passed with a warning" in bodies[0]["text"] and warned.explanation in bodies[0]["text"]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import xml.etree.ElementTree as ET
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
+from rich.console import Console
 
-from service.report import cli_console, format_number, print_run
+from service.report import cli_console, format_number, metric_value, print_run, write_junit
 from service.schemas import RunDetail
 
 METRIC = "exact_match,strict-match-then-flexible-extract-fallback"  # a long name: the row is over 150 wide
@@ -64,3 +67,29 @@ def test_a_tiny_value_keeps_its_significant_digits(
     [row] = [line for line in capsys.readouterr().out.splitlines() if METRIC in line and "│" in line]
     assert "4.032e-06" in row and "0.0000..6.39e-06" in row, row
     assert format_number(1e30) == "1e+30" and format_number(0.0) == "0.0000" and format_number(None) == "-"
+
+
+def test_a_warned_drift_metric_passes_in_junit_and_shows_its_warning(tmp_path: Path) -> None:
+    """`warn` (drift beyond the floor, within the margin) is no failure and no skip, yet visible:
+    a verdict property on the case and on the suite, and WARNING in its output."""
+    run = _run()
+    run.metrics[0].verdict, run.metrics[0].suite, run.metrics[0].metric = "warn", "drift", "kl"
+    junit = tmp_path / "junit.xml"
+    write_junit(run, junit)
+    root = ET.parse(junit).getroot()
+    assert (root.get("failures"), root.get("skipped")) == ("0", "0")
+    [case] = root.findall("testcase")
+    assert case.find("failure") is None and case.find("skipped") is None
+    assert case.find("properties/property[@name='verdict']").get("value") == "warn"  # type: ignore[union-attr]
+    assert (case.findtext("system-out") or "").startswith("WARNING: drift.kl")
+    warned = root.find("properties/property[@name='kvcanary.warnings']")
+    assert warned is not None and warned.get("value") == "drift.kl [candidate-legacy-kernels]"
+
+
+def test_a_non_finite_kl_is_shown_as_not_finite(capsys: pytest.CaptureFixture[str]) -> None:
+    """The stored number of a non-finite KL is a placeholder; the CLI and JUnit say what it is."""
+    run = _run()
+    run.metrics[0].value, run.metrics[0].details = 1e30, {"kl_finite": False}
+    print_run(run, Console(width=400))
+    assert "not finite" in capsys.readouterr().out
+    assert metric_value(run.metrics[0]) == "not finite"

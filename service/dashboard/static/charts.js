@@ -6,7 +6,7 @@
 "use strict";
 (() => {
   const COLOURS = {
-    pass: "#1a7f37", fail: "#cf222e", inconclusive: "#9a6700", no_baseline: "#6e7781", none: "#8250df",
+    pass: "#1a7f37", warn: "#bf3989", fail: "#cf222e", inconclusive: "#9a6700", no_baseline: "#6e7781", none: "#8250df",
   };
   const LABELS = { none: "no verdict (A/B control)" };
 

