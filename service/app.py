@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request, Response
 
 from service import baselines, dashboard
 from service.alerting.watcher import AlertWatcher
-from service.api import catalog, compare, errors, ops, runs, schedules, tokens
+from service.api import catalog, compare, errors, mutants, ops, runs, schedules, tokens
 from service.api.gate import Admission, RequestGate
 from service.db.migrate import upgrade
 from service.db.session import session_scope
@@ -63,7 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     app.add_middleware(RequestGate, limit=settings.max_body_bytes)
     app.add_middleware(Admission, limit=settings.max_in_flight)
-    for router in (runs.router, catalog.router, compare.router, schedules.router, tokens.router):
+    for router in (runs.router, catalog.router, compare.router, schedules.router, tokens.router, mutants.router):
         app.include_router(router, responses=errors.API_ERRORS)
     app.include_router(ops.router)
     dashboard.install(app)

@@ -19,8 +19,8 @@ def diff(
     b: RunId,
     _: Viewer,
     session: SessionDep,
-    arm_a: Annotated[str | None, Query(max_length=16, description="Default: the treatment or only arm")] = None,
-    arm_b: Annotated[str | None, Query(max_length=16)] = None,
+    arm_a: Annotated[str | None, Query(max_length=32, description="Default: the treatment or only arm")] = None,
+    arm_b: Annotated[str | None, Query(max_length=32)] = None,
     top: Annotated[int, Query(ge=1, le=1000, description="WER: how many of the largest changes")] = 50,
 ) -> RunDiff:
     """Per suite: items right in `a` and wrong in `b` and the reverse (accuracy), or the

@@ -151,7 +151,7 @@ def get_samples(
     _: Viewer,
     session: SessionDep,
     suite: Annotated[str | None, Query(max_length=64)] = None,
-    arm: Annotated[str | None, Query(max_length=16)] = None,
+    arm: Annotated[str | None, Query(max_length=32)] = None,
     wrong_only: bool = False,
     search: Annotated[str | None, Query(max_length=200)] = None,
     offset: Offset = 0,

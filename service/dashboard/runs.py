@@ -190,8 +190,8 @@ def compare_page(
     request: Request,
     caller: PageCaller,
     session: SessionDep,
-    arm_a: Annotated[str, Query(max_length=16)] = "",
-    arm_b: Annotated[str, Query(max_length=16)] = "",
+    arm_a: Annotated[str, Query(max_length=32)] = "",
+    arm_b: Annotated[str, Query(max_length=32)] = "",
     top: Annotated[int, Query(ge=1, le=1000)] = 50,
 ) -> HTMLResponse:
     """Flipped items side by side: run a (e.g. the reference) on the left, run b on the right."""

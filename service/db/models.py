@@ -108,7 +108,7 @@ class SuiteResult(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
-    arm: Mapped[str] = mapped_column(String(16))
+    arm: Mapped[str] = mapped_column(String(32))
     suite: Mapped[str] = mapped_column(String(64))
     metric: Mapped[str] = mapped_column(String(64))
     value: Mapped[float] = mapped_column(Float)
@@ -136,7 +136,7 @@ class Sample(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
-    arm: Mapped[str] = mapped_column(String(16))
+    arm: Mapped[str] = mapped_column(String(32))
     suite: Mapped[str] = mapped_column(String(64))
     key: Mapped[str] = mapped_column(String(256))
     prompt_hash: Mapped[str] = mapped_column(String(64))
