@@ -12,7 +12,8 @@
 # `run` expects all of that in one folder CARRIED, laid out as `pack` wrote it (kit/part*/,
 # kit/host/, kit/addon-fa3/, wheels/, fixtures/), installs it under /tmp, starts `kvcanary serve`,
 # submits each gate run with `kvcanary submit --wait` and prints the result table. ROWS picks
-# groups (default gsm8k,whisper,mla,legacy; also drift; tp2 needs two GPUs). A trained MLA checkpoint that
+# groups (default gsm8k,whisper,mla,legacy; also drift, and mutants: the mutation matrix of both GPU
+# fixtures, docs/mutants.md; GATE_MUTANTS=a,b picks mutants; tp2 needs two GPUs). A trained MLA checkpoint that
 # is not in the wheel yet can be given as MLA_MODEL_DIR.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -73,11 +74,11 @@ run() {
   source /tmp/bundle/kit-env.sh
   export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
   cd "$out"  # nothing of the checkout may shadow the installed kvcanary
-  python3 "$here/gate_e2e.py" --out "$out" --rows "$rows"
+  python3 "$here/gate_e2e.py" --out "$out" --rows "$rows" --mutants "${GATE_MUTANTS:-}"
 }
 
 case "${1:-}" in
   pack) shift; pack "$@" ;;
   run) shift; run "$@" ;;
-  *) sed -n '2,16p' "$0"; exit 2 ;;
+  *) sed -n '2,17p' "$0"; exit 2 ;;
 esac

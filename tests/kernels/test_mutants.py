@@ -122,7 +122,7 @@ PROBES: dict[str, tuple[Probe, Probe]] = {
     "tail_read": (Unified([1, 3], [29, 16], causal=False), Unified([1, 3], [29, 16])),
     # Page 7,768 of 480-token pages of 576 (past 2^31 elements); elsewhere small page ids.
     "page_offset_i32": (
-        Decode([40, 30], KIMI_PAGE_SIZE, pages=[[FIRST_WRAPPING_PAGE], [7]]),
+        Decode([40, 30], KIMI_PAGE_SIZE, pages=[[FIRST_WRAPPING_PAGE], [7]], same=(1,)),
         Decode([40, 30], KIMI_PAGE_SIZE),
     ),
     # Every call; elsewhere: the mutant is fixed at the drifted scale, bit for bit.
