@@ -162,3 +162,17 @@ def test_matrix_of_the_latest_batch(client: TestClient, settings: Settings) -> N
     assert f"| batch_row_shift | caught (at 6 of 40 items, 32 s) [run {ids[0]}] | caught (at 4 of 12 prompts" in table
     assert "| softmax_scale_drift | missed (pass, 40 items" in table
     assert client.get("/api/v1/profiles/no-such-profile/mutants").status_code == 404
+
+
+def test_profile_page_shows_the_matrix(client: TestClient, settings: Settings) -> None:
+    page = client.get(f"/profiles/{PROFILE}")
+    assert page.status_code == 200 and "No mutation batch yet" in page.text
+    _, ids = queue_batch(settings, ["batch_row_shift", "softmax_scale_drift"])
+    finish(settings, ids[0], "batch_row_shift", wrong=QUESTIONS[:20], diverged=PROMPTS[3:])
+    finish(settings, ids[1], "softmax_scale_drift", wrong=[], diverged=[])
+    page = client.get(f"/profiles/{PROFILE}")
+    assert page.status_code == 200
+    row = page.text[page.text.index('data-mutant="batch_row_shift"') :].split("</tr>")[0]
+    assert row.count('data-state="caught"') == 2 and "at 6 of 40 items" in row and "at 4 of 12 prompts" in row
+    missed = page.text[page.text.index('data-mutant="softmax_scale_drift"') :].split("</tr>")[0]
+    assert missed.count('data-state="missed"') == 2 and f"#{ids[1]}" in missed
