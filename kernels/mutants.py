@@ -147,3 +147,13 @@ def drifted_scale(scale: float) -> float:
 def check_variant(function: str, variant: str) -> None:
     if variant not in KERNEL_VARIANTS:
         raise ValueError(f"{function}: variant must be one of {', '.join(KERNEL_VARIANTS)}, got {variant!r}")
+
+
+def catalogue_table() -> str:
+    """The catalogue as the Markdown table docs/mutants.md carries (a test keeps them equal)."""
+    lines = [
+        "| mutant | what it changes | condition | models | where | served fixture that reaches it |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [f"| `{m.name}` | {m.changes} | {m.condition} | {m.models} | {m.path} | {m.served} |" for m in CATALOGUE]
+    return "\n".join(lines)

@@ -12,6 +12,7 @@ import math
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -192,3 +193,24 @@ def test_drifted_scale_is_one_bf16_ulp() -> None:
     for scale in (192**-0.5, 128**-0.5, 0.3, 1.0):
         power = 2.0 ** math.floor(math.log2(scale))
         assert mutants.drifted_scale(scale) - scale == power * 2**-7  # 8 significant bits
+
+
+def test_one_list_for_kernels_plugin_profiles_and_docs() -> None:
+    from typing import get_args
+
+    from kernels.vllm_plugin import PluginConfig
+    from service.profiles import Variant
+
+    assert get_args(Variant) == mutants.VARIANTS == (*mutants.KERNEL_VARIANTS, "stock")
+    for name in mutants.MUTANTS:
+        config = PluginConfig.from_env({"KVCANARY_KERNEL_VARIANT": name})
+        assert config is not None and config.variant == name
+    with pytest.raises(ValueError, match="chunk_context_skip"):
+        PluginConfig.from_env({"KVCANARY_KERNEL_VARIANT": "no_such_mutant"})
+    docs = (Path(__file__).parents[2] / "docs" / "mutants.md").read_text()
+    assert mutants.catalogue_table() in docs, "docs/mutants.md: paste kernels.mutants.catalogue_table() again"
+    assert [name for name in mutants.MUTANTS if mutants.in_kernel(name, mutants.UNIFIED)] == [
+        "chunk_context_skip", "batch_row_shift", "split_lse_merge", "window_edge_leak", "softmax_scale_drift",
+    ]  # fmt: skip
+    assert mutants.has("legacy", "tail_read") and mutants.has("legacy", "page_offset_i32")
+    assert not mutants.has("legacy", "batch_row_shift") and mutants.in_kernel("legacy", mutants.DECODE) == ""
