@@ -242,7 +242,7 @@ def baselines_promote(
 def run(
     profile: str,
     limit: Annotated[int | None, typer.Option(help="Cap every suite at this many items")] = None,
-    variant: Annotated[str | None, typer.Option(help="Kernel variant: fixed, legacy, stock or a mutant (kvcanary mutants)")] = None,
+    variant: Annotated[str | None, typer.Option(help="Kernel variant: fixed, legacy, stock or a mutant")] = None,
     label: Annotated[list[str] | None, typer.Option(help="key=value, repeatable")] = None,
     junit: Annotated[Path | None, typer.Option(help="Write a JUnit XML report here")] = None,
 ) -> None:
@@ -402,7 +402,7 @@ def submit(
     profile: Annotated[str, typer.Option(help="Profile to run")],
     label: Annotated[list[str] | None, typer.Option(help="key=value, repeatable (git_sha, vllm_version, ...)")] = None,
     limit: Annotated[int | None, typer.Option(help="Cap every suite at this many items")] = None,
-    variant: Annotated[str | None, typer.Option(help="Kernel variant: fixed, legacy, stock or a mutant (kvcanary mutants)")] = None,
+    variant: Annotated[str | None, typer.Option(help="Kernel variant: fixed, legacy, stock or a mutant")] = None,
     canary: Annotated[
         list[str] | None, typer.Option(help="Arm a canary (nan_kv_tail, high_block_ids); repeatable")
     ] = None,
