@@ -4,6 +4,9 @@ runs' rows are what a worker would have stored for fixed vs each mutant."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -14,11 +17,13 @@ from evals.logprob_drift import ArmOutput, compare, pack
 from evals.suites.base import MetricValue, Sample, SuiteOutcome
 from service import baselines
 from service.app import create_app
+from service.db.migrate import upgrade
 from service.db.models import Run
 from service.db.session import session_scope
+from service.engine.gpus import refusal
 from service.profile_catalog import configured_profiles
 from service.runs import mutation, scoring, store
-from service.settings import Settings
+from service.settings import PACKAGED_PROFILES, Settings
 
 PROFILE = "mutant-fixture"
 YAML = """\
@@ -176,3 +181,25 @@ def test_profile_page_shows_the_matrix(client: TestClient, settings: Settings) -
     assert row.count('data-state="caught"') == 2 and "at 6 of 40 items" in row and "at 4 of 12 prompts" in row
     missed = page.text[page.text.index('data-mutant="softmax_scale_drift"') :].split("</tr>")[0]
     assert missed.count('data-state="missed"') == 2 and f"#{ids[1]}" in missed
+
+
+def test_cli_prints_the_stored_matrix_and_refuses_what_it_cannot_run(settings: Settings) -> None:
+    upgrade(settings.resolved_database_url())
+    _, ids = queue_batch(settings, ["batch_row_shift"])
+    finish(settings, ids[0], "batch_row_shift", wrong=QUESTIONS[:20], diverged=PROMPTS[3:])
+    env = {**os.environ, "KVCANARY_DATA_DIR": str(settings.data_dir)}
+
+    def cli(*args: str, folder: Path = settings.profiles_dir) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "service", "mutants", *args]
+        folders = {**env, "KVCANARY_PROFILES_DIR": str(folder)}
+        return subprocess.run(command, env=folders, capture_output=True, text=True)
+
+    shown = cli("--show", PROFILE)
+    assert shown.returncode == 0, shown.stderr
+    assert f"| batch_row_shift | caught (at 6 of 40 items, 32 s) [run {ids[0]}] |" in shown.stdout
+    wrong = cli("--mutant", "no_such_mutant", PROFILE)
+    assert wrong.returncode == 2 and "unknown mutant no_such_mutant" in wrong.stderr
+    refused = cli("drift-tiny-gpu", folder=PACKAGED_PROFILES)
+    reason = refusal(configured_profiles(Settings(profiles_dir=PACKAGED_PROFILES))["drift-tiny-gpu"])
+    if reason is not None:  # a CPU host: the needs_gpu profile is refused before anything is queued
+        assert refused.returncode == 2 and " ".join(reason.split()[:5]) in " ".join(refused.stdout.split())
