@@ -24,7 +24,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from evals import suites as suite_registry
-from evals.verdict import judge_ab
+from evals.verdict import _SEVERITY, judge_ab
 from kernels.mutants import MUTANTS
 from service.db.models import Run, SuiteResult
 from service.profiles import Profile
@@ -157,7 +157,7 @@ def _cells(session: Session, run: Run, mutant: str, suites: Sequence[str]) -> di
         unit = suite_registry.metric_kind(suite, judged[0].metric).items if judged else "items"
         seconds = timings.get(f"{mutant}.{suite}_s")
         if judged:
-            worst = "fail" if any(r.verdict == "fail" for r in judged) else judged[0].verdict
+            worst = max((str(r.verdict) for r in judged), key=lambda v: _SEVERITY.get(v, 0))  # as run_verdict ranks
             turned, items = _turned_at(session, run, mutant, suite, [r.metric for r in judged])
             state: CellState = "caught" if worst == "fail" else "missed"
             cells[suite] = MatrixCell(
