@@ -267,8 +267,7 @@ def _decode_split_kernel(
 
     # Pieces are whole tiles, so only the sequence's last tile is partial and masked.
     start = first_tile * TILE
-    seq_len = tl.sum(tl.where(seqs == seq, lens, 0))
-    end = tl.minimum(start + num_tiles * TILE, seq_len)
+    end = tl.minimum(start + num_tiles * TILE, tl.sum(tl.where(seqs == seq, lens, 0)))
     num_full = tl.maximum(end - start, 0) // TILE
 
     acc = tl.zeros([BLOCK_H, V_PAD], dtype=tl.float32)
@@ -279,6 +278,7 @@ def _decode_split_kernel(
     shift_offset = 0
     if MUTANT == "batch_row_shift":
         # A sequence after the first reads its last key's tile through the row before its own.
+        seq_len = tl.sum(tl.where(seqs == seq, lens, 0))
         shift_start = tl.where(seq > 0, (seq_len - 1) // TILE * TILE, -1)
         shift_offset = -stride_table_seq
     for part in tl.static_range(2):
