@@ -47,7 +47,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         "context position context_len - 1 up to context_len)",
         condition="a chunk of more than one query token whose sequence already has context "
         "(chunked prefill, or a prefix-cache hit)",
-        models="vLLM #26042 (MLA/GQA chunked prefill skips a context chunk)",
+        models="the MLA/GQA chunked-prefill class of vLLM #26042",
         kernels=(UNIFIED,),
         path="unified_attention, unsplit programs (prefill and mixed batches)",
         served="TRITON_ATTN Llama: GSM8k few-shot prompts share cached prefix blocks, so prefills start "
@@ -58,7 +58,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         changes="for every sequence after the first of a batch, the tile holding its last key reads "
         "the block-table row of the sequence before it",
         condition="batches of more than one sequence",
-        models="SGLang #22688 (a batch index off by one in the paged-attention block table)",
+        models="the batch > 1 class of SGLang #22688 (a sequence reading another's pages)",
         kernels=(UNIFIED, DECODE),
         path="unified_attention (every path) and decode_attention_fwd (split decode, stage 1)",
         served="both fixtures: TRITON_ATTN Llama (prefill and decode), TRITON_MLA decode; the suites "
@@ -68,7 +68,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         name="split_lse_merge",
         changes="the split-KV merge adds 1/16 to the log-sum-exp of a sequence's last piece",
         condition="a sequence whose keys were cut into more than one piece (split decode)",
-        models="aiter #3606 (a split-KV merge combining pieces with a wrong log-sum-exp)",
+        models="the split-KV merge class of aiter #3606 (only with more than one split)",
         kernels=(UNIFIED, DECODE),
         path="the shared merge (kernels._split_kv), after split decode in either kernel",
         served="TRITON_MLA decode (it always splits; pieces of 256+ keys); the TRITON_ATTN Llama's "
@@ -79,7 +79,7 @@ CATALOGUE: tuple[Mutant, ...] = (
         changes="a sliding window's lower edge moves one tile earlier: the keys of the tile before the "
         "window's start are attended",
         condition="sliding-window attention with keys before the window",
-        models="vLLM #30887 (sliding-window kernel reads one tile before the window)",
+        models="vLLM #30887 class (a sliding-window kernel reading V one tile before the window)",
         kernels=(UNIFIED,),
         path="unified_attention with a window (all paths)",
         served="none: no fixture has a sliding window; proven at kernel level only",
