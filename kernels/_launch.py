@@ -1,17 +1,10 @@
-"""Launch parameters and the variant switch shared by the kernel entry points."""
+"""Launch parameters shared by the kernel entry points."""
 
 import functools
 from dataclasses import astuple, dataclass
 from typing import NamedTuple
 
 import torch
-
-VARIANTS = ("fixed", "legacy")
-
-
-def check_variant(function: str, variant: str) -> None:
-    if variant not in VARIANTS:
-        raise ValueError(f"{function}: variant must be one of {VARIANTS}, got {variant!r}")
 
 
 @functools.cache

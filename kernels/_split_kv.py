@@ -89,6 +89,7 @@ def _merge_kernel(
     ITEMS_BLOCK: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     ROWS_FROM_CU: tl.constexpr,
+    MUTANT: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -113,6 +114,9 @@ def _merge_kernel(
         ok = block + offs_i < count
         rows = partials_ptr + items.to(tl.int64) * stride_p_item + head * stride_p_head
         lse = tl.load(rows + HEAD_SIZE, mask=ok, other=float("-inf"))
+        if MUTANT == "split_lse_merge":
+            # The mutant: the last of more than one piece weighs in with its lse off by 1/16.
+            lse = tl.where((block + offs_i == count - 1) & (count > 1), lse + 0.0625, lse)
         new_max = tl.maximum(lse_max, tl.max(lse, axis=0))
         safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
         weight = tl.exp(lse - safe_max)
@@ -173,11 +177,14 @@ def merge_splits(
     out: torch.Tensor,
     lse: torch.Tensor | None = None,
     cu_seqlens_q: torch.Tensor | None = None,
+    mutant: str = "",
 ) -> None:
     """Combine each sequence's items into ``out[row]`` (and ``lse``, natural log).
 
     The row is the sequence, or with ``cu_seqlens_q`` its query token (decode: one query
     per sequence). A sequence with no item gets a zero output and ``lse = -inf``.
+    ``mutant`` "split_lse_merge" merges with one piece's lse off (``kernels.mutants``); any
+    other value merges as the fixed kernels do.
     """
     if num_seqs == 0:
         return
@@ -199,5 +206,6 @@ def merge_splits(
         ITEMS_BLOCK=8,
         WRITE_LSE=lse is not None,
         ROWS_FROM_CU=cu_seqlens_q is not None,
+        MUTANT="split_lse_merge" if mutant == "split_lse_merge" else "",
         num_warps=4,
     )

@@ -12,8 +12,10 @@ log-sum-exp, and stage 2 merges a sequence's pieces by their log-sum-exp.
 
 The fix (vLLM PR #47671): every offset built from a page number is int64. With MLA
 (576-wide keys) and 480-token pages a page spans 276,480 elements, so page ids past 7,767
-overflow int32 and wrap negative. ``variant="legacy"`` keeps the int32 offsets to prove
-that tests catch the wrap.
+overflow int32 and wrap negative. ``variant="legacy"`` (and the mutant ``page_offset_i32``)
+keeps the int32 offsets to prove that tests catch the wrap. The other mutants this kernel
+carries (``kernels.mutants``: batch_row_shift, split_lse_merge, softmax_scale_drift) are
+``MUTANT`` switches that the fixed variant leaves off, so its compiled code does not change.
 """
 
 import torch
@@ -21,7 +23,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels._launch import Launch, LaunchConfig, check_variant, has_tma, sm_count
+from kernels import mutants
+from kernels._launch import Launch, LaunchConfig, has_tma, sm_count
 from kernels._split_kv import balanced_piece, merge_splits, schedule_lanes, split_scratch, work_items
 from kernels._vllm_args import check_decode_args, check_unit_scale, page_geometry
 
@@ -79,6 +82,8 @@ def _decode_tiles(
     stride_v_head,
     scale,
     logit_cap,
+    shift_start,
+    shift_offset,
     QK_MAIN: tl.constexpr,
     QK_MAIN_PAD: tl.constexpr,
     QK_ROPE: tl.constexpr,
@@ -93,6 +98,7 @@ def _decode_tiles(
     PAGE_OFFSET_INT64: tl.constexpr,
     MASKED: tl.constexpr,
     ROW_TMA: tl.constexpr,
+    MUTANT: tl.constexpr,
 ):
     """Online-softmax accumulation over ``num_tiles`` tiles of TILE keys from ``start``.
 
@@ -108,6 +114,9 @@ def _decode_tiles(
     PAGE_SIZE in int32, which the host allows only when every row index fits; the hardware
     forms the byte offset in 64 bits. The masked tile keeps masked pointer loads, so nothing
     at or past ``end`` is read.
+
+    ``MUTANT`` "batch_row_shift" (kernels.mutants) reads the table through ``table_row_ptr +
+    shift_offset`` for the tile that starts at ``shift_start``; fixed leaves it "".
     """
     tl.static_assert(not ROW_TMA or PAGES == 1, "TMA copies take tiles that lie in one page")
     offs_n = tl.arange(0, TILE)
@@ -119,16 +128,19 @@ def _decode_tiles(
         first = (start + t * TILE) // PAGE_SIZE
         page_b = first
         in_b = in_seq
+        row_ptr = table_row_ptr
+        if MUTANT == "batch_row_shift":
+            row_ptr = table_row_ptr + tl.where(start + t * TILE == shift_start, shift_offset, 0)
         if PAGES == 1:
-            page = tl.load(table_row_ptr + first)
+            page = tl.load(row_ptr + first)
         elif PAGES == 2:
-            page = tl.load(table_row_ptr + first)
-            page_b = tl.load(table_row_ptr + (tl.minimum(start + t * TILE + TILE, end) - 1) // PAGE_SIZE)
+            page = tl.load(row_ptr + first)
+            page_b = tl.load(row_ptr + (tl.minimum(start + t * TILE + TILE, end) - 1) // PAGE_SIZE)
             in_b = pos // PAGE_SIZE > first
         elif MASKED:
-            page = tl.load(table_row_ptr + pos // PAGE_SIZE, mask=in_seq, other=0)
+            page = tl.load(row_ptr + pos // PAGE_SIZE, mask=in_seq, other=0)
         else:
-            page = tl.load(table_row_ptr + pos // PAGE_SIZE)
+            page = tl.load(row_ptr + pos // PAGE_SIZE)
         k_rows = (pos % PAGE_SIZE) * stride_k_pos + kv_head * stride_k_head
         if ROW_TMA and not MASKED:
             row = page * PAGE_SIZE + (start + t * TILE) % PAGE_SIZE
@@ -224,6 +236,7 @@ def _decode_split_kernel(
     PAGE_OFFSET_INT64: tl.constexpr,
     SEQS_PAD: tl.constexpr,
     ROW_TMA: tl.constexpr,
+    MUTANT: tl.constexpr,
 ):
     # One program: HEADS_PER_PROGRAM query heads of one KV head over one work item (a piece
     # of one sequence's keys). The head groups of an item are neighbours in launch order,
@@ -261,6 +274,13 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     table_row_ptr = table_ptr + seq.to(tl.int64) * stride_table_seq
+    shift_start = -1
+    shift_offset = 0
+    if MUTANT == "batch_row_shift":
+        # A sequence after the first reads its last key's tile through the row before its own.
+        seq_len = tl.sum(tl.where(seqs == seq, lens, 0))
+        shift_start = tl.where(seq > 0, (seq_len - 1) // TILE * TILE, -1)
+        shift_offset = -stride_table_seq
     for part in tl.static_range(2):
         if part == 0:
             tile_start = start
@@ -272,9 +292,9 @@ def _decode_split_kernel(
             acc, m_i, l_i, q_main, q_rope, tile_start, num_tiles, end,
             k_ptr, v_ptr, k_rows_desc, rope_rows_desc, table_row_ptr, kv_head,
             stride_k_page, stride_k_pos, stride_k_head, stride_v_page, stride_v_pos, stride_v_head,
-            scale, logit_cap,
+            scale, logit_cap, shift_start, shift_offset,
             QK_MAIN, QK_MAIN_PAD, QK_ROPE, QK_ROPE_PAD, V_DIM, V_PAD, PAGE_SIZE, TILE, PAGES,
-            V_IS_K_MAIN, USE_LOGIT_CAP, PAGE_OFFSET_INT64, part == 1, ROW_TMA,
+            V_IS_K_MAIN, USE_LOGIT_CAP, PAGE_OFFSET_INT64, part == 1, ROW_TMA, MUTANT,
         )  # fmt: skip
 
     d_v = tl.arange(0, V_PAD)
@@ -396,7 +416,7 @@ def decode_attention_fwd(
     schedule's items need their own scratch). ``lse`` receives the natural-log
     log-sum-exp of the scaled (and capped) scores. ``config`` overrides the launch (benchmarks).
     """
-    check_variant("decode_attention_fwd", variant)
+    mutants.check_variant("decode_attention_fwd", variant)
     check_decode_args(q, k_buffer, v_buffer, o, attn_logits, num_kv_splits, is_mla)
     check_unit_scale(k_scale, "k_scale")
     check_unit_scale(v_scale, "v_scale")
@@ -422,13 +442,15 @@ def decode_attention_fwd(
     pages_a_tile_meets = _pages_a_tile_meets(page_size, launch.tile)
     qk_main_pad = max(16, triton.next_power_of_2(qk_main))
     qk_rope_pad = max(16, triton.next_power_of_2(qk_rope)) if qk_rope else 0
-    # Whole MLA tiles as TMA copies (fixed only: legacy keeps its int32 pointer arithmetic).
-    # The row index is formed from the table's int32 page ids.
+    # Whole MLA tiles as TMA copies (not with int32 page offsets: legacy and page_offset_i32 keep
+    # their int32 pointer arithmetic). The row index is formed from the table's int32 page ids.
+    page_offset_int64 = not mutants.has(variant, "page_offset_i32")
+    mutant = mutants.in_kernel(variant, mutants.DECODE)
     descriptors = None
     if (
         launch.row_tma
         and is_mla
-        and variant == "fixed"
+        and page_offset_int64
         and pages_a_tile_meets == 1
         and req_to_token.dtype == torch.int32
         and (qk_main, qk_rope) == (qk_main_pad, qk_rope_pad)
@@ -439,7 +461,8 @@ def decode_attention_fwd(
 
     _decode_split_kernel[(num_kv_heads * blocks_per_kv, num_items)](
         q, k_buffer, v_buffer, req_to_token, b_seq_len, partials, sched, k_rows_desc, rope_rows_desc,
-        sm_scale, logit_cap, batch, num_items, 1 if config.num_splits else triton.cdiv(_MIN_PIECE_KEYS, launch.tile),
+        mutants.drifted_scale(sm_scale) if variant == "softmax_scale_drift" else sm_scale,
+        logit_cap, batch, num_items, 1 if config.num_splits else triton.cdiv(_MIN_PIECE_KEYS, launch.tile),
         q.stride(0), q.stride(1), *k_strides, *v_strides, req_to_token.stride(0),
         partials.stride(0), partials.stride(1),
         Q_PER_KV=q_per_kv,
@@ -457,10 +480,11 @@ def decode_attention_fwd(
         PAGES=pages_a_tile_meets,
         V_IS_K_MAIN=is_mla,
         USE_LOGIT_CAP=logit_cap > 0,
-        PAGE_OFFSET_INT64=variant == "fixed",
+        PAGE_OFFSET_INT64=page_offset_int64,
         SEQS_PAD=schedule_lanes(batch, wide=heads_per_program > 32),
         ROW_TMA=descriptors is not None,
+        MUTANT=mutant,
         num_warps=launch.num_warps,
         num_stages=launch.num_stages,
     )  # fmt: skip
-    merge_splits(partials, sched, batch, o, lse)
+    merge_splits(partials, sched, batch, o, lse, mutant=mutant)

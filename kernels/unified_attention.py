@@ -12,15 +12,19 @@ The fix (vLLM PR #47305): no K/V load and no block-table load for a key position
 ``>= seq_len``, and the non-causal loop ends at ``seq_len``. A block's unwritten tail may
 hold NaN, and a masked score only gives it weight 0: ``0 * NaN`` is NaN. The tail mask is
 applied only on the tiles that straddle a bound, so the fix costs nothing on the others.
-``variant="legacy"`` reproduces the pre-fix reads (bound derived causally, block table read
-for the whole tile) to prove that tests and the accuracy gate catch the bug.
+``variant="legacy"`` (and the mutant ``tail_read``) reproduces the pre-fix reads (bound derived
+causally, block table read for the whole tile) to prove that tests and the accuracy gate catch
+the bug. The other mutants this kernel carries (``kernels.mutants``: chunk_context_skip,
+batch_row_shift, split_lse_merge, window_edge_leak, softmax_scale_drift) are ``MUTANT``
+switches that the fixed variant leaves off, so its compiled code does not change.
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels._launch import Launch, LaunchConfig, check_variant, sm_count
+from kernels import mutants
+from kernels._launch import Launch, LaunchConfig, sm_count
 from kernels._split_kv import (
     balanced_piece,
     merge_splits,
@@ -72,6 +76,10 @@ def _attend_tiles(
     row_valid,
     seq_len,
     load_limit,
+    drop_lo,
+    drop_hi,
+    shift_tile,
+    shift_offset,
     BLOCK_SIZE: tl.constexpr,
     TILE: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
@@ -81,28 +89,40 @@ def _attend_tiles(
     USE_SOFTCAP: tl.constexpr,
     MASKED: tl.constexpr,
     READ_PAST_SEQ_LEN: tl.constexpr,
+    MUTANT: tl.constexpr,
 ):
     """Online-softmax accumulation over tiles [tile_lo, tile_hi) of TILE key positions.
 
     MASKED tiles straddle a bound (seq_len, causal diagonal, window edge): loads stop at
     ``load_limit`` and scores are masked. Other tiles lie wholly inside every bound and
     run without masks.
+
+    ``MUTANT`` (kernels.mutants; "" for fixed and legacy) switches on one catalogued bug:
+    chunk_context_skip masks the keys [drop_lo, drop_hi) in every tile; batch_row_shift moves
+    tile ``shift_tile``'s block-table reads by ``shift_offset``; window_edge_leak widens the
+    window's lower edge by one tile.
     """
+    window_left = WINDOW
+    if MUTANT == "window_edge_leak":
+        window_left = WINDOW + TILE
     offs_t = tl.arange(0, TILE)
     offs_d = tl.arange(0, HEAD_PAD)
     d_ok = offs_d < HEAD_SIZE
     for j in tl.range(tile_lo, tile_hi):
         pos = j * TILE + offs_t
         kv_mask = d_ok[None, :]
+        row_ptr = table_row_ptr
+        if MUTANT == "batch_row_shift":
+            row_ptr = table_row_ptr + tl.where(j == shift_tile, shift_offset, 0)
         if MASKED:
             readable = pos < load_limit
             kv_mask = kv_mask & readable[:, None]
             if READ_PAST_SEQ_LEN:
-                block = tl.load(table_row_ptr + pos // BLOCK_SIZE)
+                block = tl.load(row_ptr + pos // BLOCK_SIZE)
             else:
-                block = tl.load(table_row_ptr + pos // BLOCK_SIZE, mask=readable, other=0)
+                block = tl.load(row_ptr + pos // BLOCK_SIZE, mask=readable, other=0)
         else:
-            block = tl.load(table_row_ptr + pos // BLOCK_SIZE)
+            block = tl.load(row_ptr + pos // BLOCK_SIZE)
         block = block.to(tl.int64)
         k_rows = k_ptr + block * stride_k_blk + (pos % BLOCK_SIZE) * stride_k_pos + kv_head * stride_k_head
         v_rows = v_ptr + block * stride_v_blk + (pos % BLOCK_SIZE) * stride_v_pos + kv_head * stride_v_head
@@ -125,10 +145,13 @@ def _attend_tiles(
             if CAUSAL:
                 ok = ok & (pos[None, :] <= q_abs[:, None])
             if WINDOW > 0:
-                ok = ok & ((q_abs[:, None] - pos[None, :]) < WINDOW)
+                ok = ok & ((q_abs[:, None] - pos[None, :]) < window_left)
                 if not CAUSAL:
                     ok = ok & ((pos[None, :] - q_abs[:, None]) < WINDOW)
             s = tl.where(ok, s, float("-inf"))
+        if MUTANT == "chunk_context_skip":
+            s = tl.where(((pos >= drop_lo) & (pos < drop_hi))[None, :], float("-inf"), s)
+        if MASKED or MUTANT == "chunk_context_skip":
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
@@ -199,10 +222,14 @@ def _unified_attention_kernel(
     SPLIT: tl.constexpr,
     READ_PAST_SEQ_LEN: tl.constexpr,
     SEQS_PAD: tl.constexpr,
+    MUTANT: tl.constexpr,
 ):
     # One program: BLOCK_Q query tokens x Q_PER_KV heads of one KV head (BLOCK_M rows)
     # over their key range or, with SPLIT (decode-only batches: one query per sequence),
     # over one work item: a token-balanced piece of one sequence's key tiles.
+    window_left = WINDOW
+    if MUTANT == "window_edge_leak":
+        window_left = WINDOW + TILE
     if SPLIT:
         # The KV heads of an item are neighbours in launch order, so the items that hold
         # pieces start first and the grid's spare items (short batches) queue behind them.
@@ -210,7 +237,7 @@ def _unified_attention_kernel(
         item = tl.program_id(1)
         seqs = tl.arange(0, SEQS_PAD)
         lens = tl.load(seq_lens_ptr + seqs, mask=seqs < num_seqs, other=0)
-        lo_tiles, hi_tiles = _decode_tile_range(lens, Q_PER_KV, TILE, BLOCK_M, CAUSAL, WINDOW, READ_PAST_SEQ_LEN)
+        lo_tiles, hi_tiles = _decode_tile_range(lens, Q_PER_KV, TILE, BLOCK_M, CAUSAL, window_left, READ_PAST_SEQ_LEN)
         work = hi_tiles - lo_tiles
         floor = piece_floor(work, min_tiles, fill_items)
         seq, piece_first, piece_tiles = balanced_piece(
@@ -258,8 +285,8 @@ def _unified_attention_kernel(
         any_hi = seq_len
         all_hi = seq_len
     if WINDOW > 0:
-        any_lo = tl.maximum(qa_first - WINDOW + 1, 0)
-        all_lo = tl.maximum(qa_last - WINDOW + 1, 0)
+        any_lo = tl.maximum(qa_first - window_left + 1, 0)
+        all_lo = tl.maximum(qa_last - window_left + 1, 0)
         if not CAUSAL:
             any_hi = tl.minimum(qa_last + WINDOW, seq_len)
             all_hi = tl.minimum(qa_first + WINDOW, seq_len)
@@ -288,6 +315,19 @@ def _unified_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     table_row_ptr = block_table_ptr + seq.to(tl.int64) * stride_table_seq
+    drop_lo = 0
+    drop_hi = 0
+    if MUTANT == "chunk_context_skip":
+        # The chunk drops its last context tile: keys [start of the tile of context_len - 1, context_len).
+        chunk = (query_len > 1) & (context_len > 0)
+        drop_lo = tl.where(chunk, (tl.maximum(context_len, 1) - 1) // TILE * TILE, 0)
+        drop_hi = tl.where(chunk, context_len, 0)
+    shift_tile = -1
+    shift_offset = 0
+    if MUTANT == "batch_row_shift":
+        # A sequence after the first reads its last key's tile through the row before its own.
+        shift_tile = tl.where(seq > 0, (seq_len - 1) // TILE, -1)
+        shift_offset = -stride_table_seq
     for part in tl.static_range(3):
         # part 0: leading masked tiles (window edge), 1: unmasked, 2: trailing masked tiles.
         if part == 0:
@@ -305,8 +345,9 @@ def _unified_attention_kernel(
             stride_k_blk, stride_k_pos, stride_k_head, stride_k_dim,
             stride_v_blk, stride_v_pos, stride_v_head, stride_v_dim,
             scale, softcap, q_abs, row_valid, seq_len, load_limit,
+            drop_lo, drop_hi, shift_tile, shift_offset,
             BLOCK_SIZE, TILE, HEAD_SIZE, HEAD_PAD, CAUSAL, WINDOW, USE_SOFTCAP,
-            part != 1, READ_PAST_SEQ_LEN,
+            part != 1, READ_PAST_SEQ_LEN, MUTANT,
         )  # fmt: skip
 
     result = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
@@ -415,7 +456,7 @@ def unified_attention(
     which is refused. Every other feature vLLM can ask for raises NotImplementedError.
     ``config`` overrides the launch parameters (benchmarks).
     """
-    check_variant("unified_attention", variant)
+    mutants.check_variant("unified_attention", variant)
     refuse_unsupported_unified(causal, q_descale, dict(locals()))
     check_unified_layout(q, k, v, out)
     num_seqs = seqused_k.shape[0]
@@ -436,6 +477,7 @@ def unified_attention(
     launch = config.resolve(default)
     split = decode_only and launch.num_splits > 1
     window = window_size[0] + 1 if window_size[0] >= 0 else 0
+    mutant = mutants.in_kernel(variant, mutants.UNIFIED)
 
     # Split: the grid is fixed by the batch size (CUDA graphs), the pieces follow seqused_k
     # on the device.
@@ -445,7 +487,8 @@ def unified_attention(
     partials, sched = split_scratch(num_items, num_seqs, num_q_heads, head_size, q.device) if split else (out, out)
     _unified_attention_kernel[(num_kv_heads, num_items) if split else (num_q_blocks, num_kv_heads)](
         out, partials, sched, q, k, v, block_table, seqused_k, cu_seqlens_q,
-        softmax_scale, softcap, num_seqs, num_items, min_tiles, fill_items,
+        mutants.drifted_scale(softmax_scale) if variant == "softmax_scale_drift" else softmax_scale,
+        softcap, num_seqs, num_items, min_tiles, fill_items,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k.stride(0), k.stride(1), k.stride(2), k.stride(3),
         v.stride(0), v.stride(1), v.stride(2), v.stride(3),
@@ -462,10 +505,11 @@ def unified_attention(
         WINDOW=window,
         USE_SOFTCAP=softcap > 0,
         SPLIT=split,
-        READ_PAST_SEQ_LEN=variant == "legacy",
+        READ_PAST_SEQ_LEN=mutants.has(variant, "tail_read"),
         SEQS_PAD=schedule_lanes(num_seqs),
+        MUTANT=mutant,
         num_warps=launch.num_warps,
         num_stages=launch.num_stages,
     )  # fmt: skip
     if split:
-        merge_splits(partials, sched, num_seqs, out, cu_seqlens_q=cu_seqlens_q)
+        merge_splits(partials, sched, num_seqs, out, cu_seqlens_q=cu_seqlens_q, mutant=mutant)

@@ -3,7 +3,7 @@
 vLLM calls `register()` in every process it starts (API server, model inspection, engine core,
 workers). The engine launcher drives it through the environment:
 
-    KVCANARY_KERNEL_VARIANT         fixed | legacy | stock (unset: the plugin does nothing)
+    KVCANARY_KERNEL_VARIANT         fixed | legacy | stock | a mutant (kernels.mutants); unset: the plugin does nothing
     KVCANARY_CANARIES               comma list of nan_kv_tail, high_block_ids (default none)
     KVCANARY_RECEIPT_DIR            folder for receipt-<pid>.json files (unset: no receipts)
     KVCANARY_ALLOW_UNVERIFIED_VLLM  1 to run on a vLLM release the plugin was not built for
@@ -50,11 +50,11 @@ from kernels.canaries import (
     parse_canaries,
     reverse_free_order,
 )
+from kernels.mutants import VARIANTS
 from kernels.receipt import write_receipt
 
 logger = logging.getLogger("kvcanary.plugin")
 
-VARIANTS = ("fixed", "legacy", "stock")
 NOT_ON_PATH = "injected, not on the execution path"
 # model-runner classes (MRV1, MRV2) and worker classes whose methods the plugin wraps
 RUNNER_MODULES = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner")

@@ -42,7 +42,7 @@ _UNALIGNED = (*_FLOATS, "num_seqs", "num_items", "min_tiles", "fill_items")
 _TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
-def _checked(kernel: Any, constexprs: dict[str, int | bool]) -> dict[str, int | bool]:
+def _checked(kernel: Any, constexprs: dict[str, int | bool | str]) -> dict[str, int | bool | str]:
     """``constexprs``, if they are every constexpr ``kernel`` declares (a renamed one fails loudly)."""
     function = inspect.signature(kernel.fn)  # the Python function (compiled or interpreted)
     declared = {name for name, param in function.parameters.items() if "constexpr" in str(param.annotation)}
@@ -51,7 +51,7 @@ def _checked(kernel: Any, constexprs: dict[str, int | bool]) -> dict[str, int | 
     return constexprs
 
 
-def mla_constexprs(heads: int, heads_per_program: int, tile: int, page: int, batch: int) -> dict[str, int | bool]:
+def mla_constexprs(heads: int, heads_per_program: int, tile: int, page: int, batch: int) -> dict[str, int | bool | str]:
     """The decode kernel's constexprs for MLA (576/512 latents, fixed variant) as
     decode_attention_fwd sets them by default (TMA copies for 64-head groups on pages the
     tiles divide) for a batch of ``batch`` sequences."""
@@ -61,7 +61,7 @@ def mla_constexprs(heads: int, heads_per_program: int, tile: int, page: int, bat
         "QK_ROPE": 64, "QK_ROPE_PAD": 64, "V_DIM": 512, "V_PAD": 512, "PAGE_SIZE": page, "TILE": tile,
         "PAGES": _pages_a_tile_meets(page, tile), "V_IS_K_MAIN": True, "USE_LOGIT_CAP": False,
         "PAGE_OFFSET_INT64": True, "SEQS_PAD": schedule_lanes(batch, wide=heads_per_program > 32),
-        "ROW_TMA": heads_per_program > 32 and _pages_a_tile_meets(page, tile) == 1,
+        "ROW_TMA": heads_per_program > 32 and _pages_a_tile_meets(page, tile) == 1, "MUTANT": "",
     }  # fmt: skip
     return _checked(_decode_split_kernel, constexprs)
 
@@ -77,7 +77,7 @@ def gqa_decode_constexprs(
         "Q_PER_KV": q_per_kv, "BLOCK_SIZE": block_size, "TILE": tile, "HEAD_SIZE": head_size,
         "HEAD_PAD": max(16, triton.next_power_of_2(head_size)), "BLOCK_M": block_m, "BLOCK_Q": block_q,
         "CAUSAL": True, "WINDOW": 0, "USE_SOFTCAP": False, "SPLIT": True, "READ_PAST_SEQ_LEN": False,
-        "SEQS_PAD": schedule_lanes(batch),
+        "SEQS_PAD": schedule_lanes(batch), "MUTANT": "",
     }  # fmt: skip
     return _checked(_unified_attention_kernel, constexprs)
 

@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import access_log, baselines, dashboard
 from service.alerting.watcher import AlertWatcher
-from service.api import catalog, compare, docs, errors, ops, releases, runs, schedules, tokens
+from service.api import catalog, compare, docs, errors, mutants, ops, releases, runs, schedules, tokens
 from service.api.gate import Admission, InTurn, RequestGate
 from service.api.headers import SecurityHeaders
 from service.db.migrate import upgrade
@@ -92,8 +92,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestGate, limit=settings.max_body_bytes)
     app.add_middleware(Admission, limit=settings.max_in_flight)
     app.add_middleware(SecurityHeaders)
-    for router in (runs.router, catalog.router, compare.router, schedules.router, tokens.router, releases.router):
-        app.include_router(router, responses=errors.API_ERRORS)
+    routers = (runs, catalog, compare, schedules, tokens, releases, mutants)
+    for module in routers:
+        app.include_router(module.router, responses=errors.API_ERRORS)
     app.include_router(ops.router)
     docs.install(app)
     dashboard.install(app)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -26,11 +26,15 @@ from pydantic_core import CoreSchema
 
 from evals import suites as suite_registry
 from evals.suites.base import SuiteConfig
+from kernels.mutants import VARIANTS
 from service.scheduling.cron import validate as validate_cron
 from service.text import storable
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
-Variant = Literal["fixed", "legacy", "stock"]
+if TYPE_CHECKING:
+    Variant = str
+else:  # the kernel variants and mutants as one list (kernels.mutants), an enum in the OpenAPI document
+    Variant = Literal[VARIANTS]
 Canary = Literal["nan_kv_tail", "high_block_ids"]
 Expectation = Literal["pass", "fail"]
 ARM_NAME_PATTERN = r"^[a-z0-9_]+(,[a-z_]+=[a-z0-9_]+)*$"

@@ -5,7 +5,11 @@ launcher, suites, scoring and store); the table printed at the end is read back 
 service's API, and each row is checked against what the gate must show. Run it through
 `scripts/gpu/gate_e2e.sh`, which sets up vLLM and kvcanary's dependencies first.
 
-    python scripts/gpu/gate_e2e.py --out OUT [--rows gsm8k,whisper,mla,legacy,tp2,drift]
+    python scripts/gpu/gate_e2e.py --out OUT [--rows gsm8k,whisper,mla,legacy,tp2,drift,mutants]
+
+The `mutants` group runs `kvcanary mutants --url` for each GPU fixture (its drift and GSM8k
+profiles): fixed against every mutant of kernels.mutants, and prints the matrix as
+docs/mutants.md quotes it (also written to OUT/mutants-<fixture>.md).
 """
 
 from __future__ import annotations
@@ -107,6 +111,34 @@ def rows() -> list[Row]:
     ]  # fmt: skip
 
 
+# The GPU fixtures whose mutation matrix the `mutants` group measures: (name, its profiles).
+MUTANT_FIXTURES = (
+    ("triton-attn-llama", ("drift-tiny-gpu", "gsm8k-tiny-gpu")),
+    ("triton-mla-480", ("drift-tiny-mla-gpu", "gsm8k-tiny-mla-gpu")),
+)
+
+
+def mutation_matrices(
+    env: dict[str, str], url: str, out: Path, mutants: Sequence[str]
+) -> list[tuple[str, int, float, str]]:
+    """`kvcanary mutants --url` per fixture: (fixture, exit code, seconds, the printed matrix);
+    ``mutants`` empty: the whole catalogue."""
+    only = [arg for name in mutants for arg in ("--mutant", name)]
+    measured = []
+    for fixture, profiles in MUTANT_FIXTURES:
+        began = time.monotonic()
+        print(f"== mutants {fixture}: kvcanary mutants --url {url} {' '.join(profiles)}", flush=True)
+        done = subprocess.run(
+            _cli("mutants", "--url", url, *profiles, *only, "--poll", "3"), env={**env, "COLUMNS": "200"},
+            capture_output=True, text=True,
+        )  # fmt: skip
+        seconds = time.monotonic() - began
+        (out / f"mutants-{fixture}.log").write_text(done.stdout + done.stderr)
+        (out / f"mutants-{fixture}.md").write_text(done.stdout)
+        measured.append((fixture, done.returncode, seconds, done.stdout.strip()))
+    return measured
+
+
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "service", *args]
 
@@ -161,12 +193,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for the data dir, logs, JUnit and table")
     parser.add_argument(
-        "--rows", default="gsm8k,whisper,mla,legacy", help="groups (gsm8k,whisper,mla,legacy,tp2,drift) or row keys"
+        "--rows",
+        default="gsm8k,whisper,mla,legacy",
+        help="groups (gsm8k,whisper,mla,legacy,tp2,drift,mutants) or row keys",
     )
     parser.add_argument("--port", type=int, default=8077)
+    parser.add_argument("--mutants", default="", help="with the mutants group: only these mutants (comma list)")
     args = parser.parse_args()
     groups = set(args.rows.split(","))
     selected = [row for row in rows() if row.group in groups or row.key in groups]
+    matrices: list[tuple[str, int, float, str]] = []
     args.out.mkdir(parents=True, exist_ok=True)
     data_dir = args.out / "data"
     url = f"http://127.0.0.1:{args.port}"
@@ -198,17 +234,23 @@ def main() -> int:
             problems = row.check(run)
             results.append((row, run, time.monotonic() - began, problems))
             (args.out / f"run-{row.key}.json").write_text(json.dumps(run, indent=1, default=str))
+        if "mutants" in groups:
+            only = [name for name in args.mutants.split(",") if name]
+            matrices = mutation_matrices({**env, "KVCANARY_TOKEN": token}, url, args.out, only)
     finally:
         service.terminate()
         service.wait(60)
-    printed = table(results)
+    printed = table(results) if results else ""
+    for fixture, code, seconds, matrix in matrices:
+        printed += f"\n\n### mutants, {fixture} (kvcanary mutants exit {code}, {seconds / 60:.1f} min)\n\n{matrix}"
     print(printed)
     (args.out / "table.md").write_text(printed + "\n")
     database = data_dir / "kvcanary.db"
     if database.exists():  # SQLite's backup, not a file copy: the last writes may still be in the WAL
         with sqlite3.connect(database) as source, sqlite3.connect(args.out / "kvcanary.db") as copy:
             source.backup(copy)
-    return 0 if all(not problems for *_, problems in results) else 1
+    matrices_ok = all(code == 0 for _, code, _, _ in matrices)
+    return 0 if all(not problems for *_, problems in results) and matrices_ok else 1
 
 
 if __name__ == "__main__":

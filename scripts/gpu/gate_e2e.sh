@@ -15,7 +15,8 @@
 # `run` expects all of that in one folder CARRIED, laid out as `pack` wrote it (kit/part*/,
 # kit/host/, kit/addon-fa3/, wheels/, fixtures/), installs it under /tmp, starts `kvcanary serve`,
 # submits each gate run with `kvcanary submit --wait` and prints the result table. ROWS picks
-# groups (default gsm8k,whisper,mla,legacy; also drift; tp2 needs two GPUs). A trained MLA checkpoint that
+# groups (default gsm8k,whisper,mla,legacy; also drift, and mutants: the mutation matrix of both GPU
+# fixtures, docs/mutants.md; GATE_MUTANTS=a,b picks mutants; tp2 needs two GPUs). A trained MLA checkpoint that
 # is not in the wheel yet can be given as MLA_MODEL_DIR.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -66,7 +67,7 @@ run() {
   setup "$1" "$out"
   out=$(cd "$out" && pwd)
   cd "$out"  # nothing of the checkout may shadow the installed kvcanary
-  python3 "$here/gate_e2e.py" --out "$out" --rows "$rows"
+  python3 "$here/gate_e2e.py" --out "$out" --rows "$rows" --mutants "${GATE_MUTANTS:-}"
 }
 
 calibrate() {
@@ -81,5 +82,5 @@ case "${1:-}" in
   pack) shift; pack "$@" ;;
   run) shift; run "$@" ;;
   calibrate) shift; calibrate "$@" ;;
-  *) sed -n '2,18p' "$0"; exit 2 ;;
+  *) sed -n '2,20p' "$0"; exit 2 ;;
 esac

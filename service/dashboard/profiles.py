@@ -14,6 +14,7 @@ from service.dashboard.access import PageCaller
 from service.dashboard.render import page
 from service.dashboard.views import current_threshold, profile_overviews, trends
 from service.releases.trends import release_trends
+from service.runs.mutation import latest_matrix
 from service.schemas import ProfileOut
 
 router = APIRouter(include_in_schema=False)
@@ -54,6 +55,7 @@ def profile_page(
         by_release=release_trends(session, name, request.app.state.settings.release_label, RELEASES_SHOWN),
         baselines=[(b, current_threshold(b)) for b in rows],
         history=baselines.history(session, name)[:HISTORY_ROWS],
+        mutants=latest_matrix(session, name, [entry.suite for entry in loaded.suites] if loaded else []),
         last=last,
         can_edit=allows(caller.role, Role.ADMIN) and loaded is not None,
     )

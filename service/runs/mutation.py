@@ -1,0 +1,254 @@
+"""The mutation matrix: which suite catches which kernel mutant, at how many prompts, in how long.
+
+A mutation batch is one A/B run per mutant, ``fixed`` against the mutant on the profile's
+suites, labelled ``mutation_batch=<id>`` and ``mutant=<name>``. The matrix is computed from
+the stored runs alone (read-only), so the API, the CLI and the dashboard render the same
+document. A cell is ``caught`` when the mutant arm's verdict for that suite is ``fail`` (the
+drift suite judges the candidate arm against the control arm's floor; GSM8k by its baseline
+and paired McNemar against the control arm), ``died`` when the mutant arm's engine died (a
+crash is seen too), ``missed`` when the arm was judged and did not fail, and ``error`` or
+``pending`` otherwise. ``turned_at`` is the fewest items (taken in key order, as
+``scripts/bench_drift.py`` does) whose paired judgement against the control arm fails: the
+drift kind's own judgement, or the paired test with no tolerance rule.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from evals import suites as suite_registry
+from evals.verdict import _SEVERITY, judge_ab
+from kernels.mutants import MUTANTS
+from service.db.models import Run, SuiteResult
+from service.profiles import ArmSpec, Profile
+from service.runs import queue, store
+from service.runs.queries import label_is
+from service.runs.state import FINAL
+
+BATCH_LABEL = "mutation_batch"
+MUTANT_LABEL = "mutant"
+CONTROL = "fixed"
+CellState = Literal["caught", "died", "missed", "error", "pending"]
+SEEN: tuple[CellState, ...] = ("caught", "died")
+
+
+class MatrixCell(BaseModel):
+    suite: str
+    state: CellState
+    verdict: str | None = Field(None, description="The mutant arm's worst verdict over the suite's metrics")
+    turned_at: int | None = Field(None, description="Fewest items whose paired judgement fails; null: not within")
+    items: int = Field(0, description="Items both arms ran")
+    unit: str = Field("items", description="What an item is: prompts, items, utterances")
+    seconds: float | None = Field(None, description="The mutant arm's time on this suite")
+
+
+class MatrixRow(BaseModel):
+    mutant: str
+    run_id: int | None
+    status: str
+    cells: dict[str, MatrixCell]
+    condition: str
+    served: str
+
+
+class MutationMatrix(BaseModel):
+    """The latest mutation batch of one profile: mutant x suite."""
+
+    profile: str
+    batch: str | None
+    suites: list[str]
+    rows: list[MatrixRow]
+    caught: int = Field(description="Mutants seen (caught or died) by at least one suite")
+    judged: int = Field(description="Mutants whose run finished")
+
+
+def new_batch_id() -> str:
+    return f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(2)}"
+
+
+def run_request(
+    profile: str, profile_canaries: Sequence[str], mutant: str, batch: str, labels: Mapping[str, str]
+) -> dict[str, Any]:
+    """The run a batch queues for one mutant, as the API's POST body: fixed against the mutant,
+    with the canaries that make the mutant's condition reachable added to the profile's."""
+    canaries = list(dict.fromkeys([*profile_canaries, *MUTANTS[mutant].canaries]))
+    body: dict[str, Any] = {
+        "profile": profile,
+        "labels": {**labels, BATCH_LABEL: batch, MUTANT_LABEL: mutant},
+        "compare": [CONTROL, mutant],
+        "expect": {CONTROL: "pass", mutant: "fail"},
+    }
+    if canaries != list(profile_canaries):
+        body["overrides"] = {"canaries": canaries}
+    return body
+
+
+def enqueue_batch(
+    session: Session, profile: Profile, mutants: Sequence[str], batch: str, labels: Mapping[str, str], by: str
+) -> list[int]:
+    """Queue one A/B run per mutant on this database's queue; returns the run ids."""
+    ids = []
+    for mutant in mutants:
+        body = run_request(profile.name, profile.kernels.canaries, mutant, batch, labels)
+        run, _ = queue.enqueue(
+            session,
+            profile=profile.name,
+            trigger="manual",
+            triggered_by=by,
+            labels=body["labels"],
+            overrides=body.get("overrides", {}),
+            arms=[ArmSpec(variant=arm).stored() for arm in body["compare"]],
+            expect=body["expect"],
+            max_attempts=profile.max_attempts,
+        )
+        session.flush()
+        ids.append(run.id)
+    return ids
+
+
+def _latest_batch(session: Session, profile: str) -> str | None:
+    found = session.scalar(
+        select(Run.labels[BATCH_LABEL].as_string())
+        .where(Run.profile == profile, Run.labels[BATCH_LABEL].as_string().is_not(None))
+        .order_by(Run.id.desc())
+        .limit(1)
+    )
+    return str(found) if found else None
+
+
+def _turned_at(session: Session, run: Run, mutant: str, suite: str, metrics: Sequence[str]) -> tuple[int | None, int]:
+    """(fewest items whose paired judgement fails over any metric, items both arms ran)."""
+    compares = suite_registry.get(suite).compares_outputs
+    treatment = store.load_samples(session, run.id, mutant, suite)
+    control = store.load_samples(session, run.id, CONTROL, suite)
+    fewest: int | None = None
+    shared = 0
+    for metric in metrics:
+        kind = suite_registry.metric_kind(suite, metric)
+        scores = kind.scores(treatment, metric)
+        reference = kind.scores(control, metric)
+        keys = sorted(scores if compares else scores.keys() & reference.keys())
+        shared = max(shared, len(keys))
+        for n in range(1, len(keys) + 1):
+            subset = {key: scores[key] for key in keys[:n]}
+            if compares:
+                verdict = kind.judge(suite, metric, subset, None).verdict
+            else:
+                verdict = judge_ab(suite, metric, kind.judge, reference, subset, control_label=CONTROL).verdict
+            if verdict == "fail":
+                fewest = n if fewest is None else min(fewest, n)
+                break
+    return fewest, shared
+
+
+def _cells(session: Session, run: Run, mutant: str, suites: Sequence[str]) -> dict[str, MatrixCell]:
+    results = session.scalars(select(SuiteResult).where(SuiteResult.run_id == run.id, SuiteResult.arm == mutant)).all()
+    timings = run.timings or {}
+    finished = run.status in {s.value for s in FINAL}
+    died = f"arm {mutant!r} died" in (run.error or "")
+    cells = {}
+    for suite in suites:
+        judged = [r for r in results if r.suite == suite and r.verdict is not None]
+        unit = suite_registry.metric_kind(suite, judged[0].metric).items if judged else "items"
+        seconds = timings.get(f"{mutant}.{suite}_s")
+        if judged:
+            worst = max((str(r.verdict) for r in judged), key=lambda v: _SEVERITY.get(v, 0))  # as run_verdict ranks
+            turned, items = _turned_at(session, run, mutant, suite, [r.metric for r in judged])
+            state: CellState = "caught" if worst == "fail" else "missed"
+            cells[suite] = MatrixCell(
+                suite=suite, state=state, verdict=worst, turned_at=turned, items=items, unit=unit, seconds=seconds
+            )
+        else:
+            state = "pending" if not finished else "died" if died else "error"
+            cells[suite] = MatrixCell(suite=suite, state=state, seconds=seconds)
+    return cells
+
+
+def latest_matrix(session: Session, profile: str, suites: Sequence[str] = ()) -> MutationMatrix:
+    """The matrix of the profile's newest mutation batch (empty rows where none was run).
+
+    ``suites`` orders the columns (the profile's suites); suites seen only in stored results
+    are added after them.
+    """
+    batch = _latest_batch(session, profile)
+    runs: dict[str, Run] = {}
+    if batch is not None:
+        dialect = session.get_bind().dialect.name
+        for run in session.scalars(
+            select(Run).where(Run.profile == profile, label_is(dialect, BATCH_LABEL, batch)).order_by(Run.id)
+        ):
+            mutant = (run.labels or {}).get(MUTANT_LABEL, "")
+            if mutant:
+                runs[mutant] = run  # a later run of the same mutant replaces an earlier one
+    columns = list(suites)
+    if runs:
+        stored = session.scalars(
+            select(SuiteResult.suite).where(SuiteResult.run_id.in_([r.id for r in runs.values()])).distinct()
+        )
+        columns += sorted(set(stored) - set(columns))
+    rows = []
+    for name in [*MUTANTS, *sorted(set(runs) - set(MUTANTS))]:
+        if name not in runs:
+            continue
+        run = runs[name]
+        known = MUTANTS.get(name)
+        rows.append(
+            MatrixRow(
+                mutant=name,
+                run_id=run.id,
+                status=run.status,
+                cells=_cells(session, run, name, columns),
+                condition=known.condition if known else "not in this catalogue",
+                served=known.served if known else "",
+            )
+        )
+    finals = {s.value for s in FINAL}
+    return MutationMatrix(
+        profile=profile,
+        batch=batch,
+        suites=columns,
+        rows=rows,
+        caught=sum(1 for row in rows if any(c.state in SEEN for c in row.cells.values())),
+        judged=sum(1 for row in rows if row.status in finals),
+    )
+
+
+def _cell_text(cell: MatrixCell | None) -> str:
+    if cell is None:
+        return "-"
+    seconds = f", {cell.seconds:.0f} s" if cell.seconds is not None else ""
+    if cell.state == "caught":
+        turned = f"at {cell.turned_at}" if cell.turned_at else "not on a prefix"
+        return f"caught ({turned} of {cell.items} {cell.unit}{seconds})"
+    if cell.state == "missed":
+        return f"missed ({cell.verdict}, {cell.items} {cell.unit}{seconds})"
+    return cell.state
+
+
+def markdown(matrices: Sequence[MutationMatrix]) -> str:
+    """One Markdown table, mutant x (profile, suite), as docs/mutants.md quotes it."""
+    columns = [(m, suite) for m in matrices for suite in m.suites]
+    names = list(dict.fromkeys(row.mutant for m in matrices for row in m.rows))
+    header = "| mutant | " + " | ".join(f"{m.profile}: {suite}" for m, suite in columns) + " |"
+    lines = [header, "|---" * (len(columns) + 1) + "|"]
+    for name in names:
+        cells = []
+        for matrix, suite in columns:
+            row = next((r for r in matrix.rows if r.mutant == name), None)
+            cells.append(_cell_text(row.cells.get(suite) if row else None))
+            if row is not None and suite == matrix.suites[0]:
+                cells[-1] = f"{cells[-1]} [run {row.run_id}]"
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for matrix in matrices:
+        lines.append(
+            f"\n{matrix.profile}: batch {matrix.batch or '-'}, {matrix.caught} of {len(matrix.rows)} mutants seen "
+            f"by at least one suite ({matrix.judged} runs finished)"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,205 @@
+"""The mutation matrix from stored runs: queued by `enqueue_batch`, samples through the run store,
+verdicts by the real scoring, read back by the API and printed as Markdown. No engine: the
+runs' rows are what a worker would have stored for fixed vs each mutant."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from evals.logprob_drift import ArmOutput, compare, pack
+from evals.suites.base import MetricValue, Sample, SuiteOutcome
+from service import baselines
+from service.app import create_app
+from service.db.migrate import upgrade
+from service.db.models import Run
+from service.db.session import session_scope
+from service.engine.gpus import refusal
+from service.profile_catalog import configured_profiles
+from service.runs import mutation, scoring, store
+from service.settings import PACKAGED_PROFILES, Settings
+
+PROFILE = "mutant-fixture"
+YAML = """\
+model: fixture:gsm8k-tiny
+served_model_name: tiny
+suites:
+  - {suite: gsm8k}
+  - {suite: drift, limit: 12}
+baselines:
+  gsm8k:
+    strict-match: {value: 1.0, tolerance: {kind: absolute, value: 0.08}}
+    flexible-extract: {value: 1.0, tolerance: {kind: absolute, value: 0.08}}
+"""
+QUESTIONS = [f"q{i:02d}" for i in range(40)]
+PROMPTS = [f"p{i:02d}" for i in range(12)]
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / f"{PROFILE}.yaml").write_text(YAML)
+    return Settings(data_dir=tmp_path / "data", profiles_dir=profiles, start_worker=False)
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(settings)) as client:
+        yield client
+
+
+def answer(key: str, right: bool) -> Sample:
+    extracted = "42" if right else "41"
+    return Sample(
+        key=key,
+        prompt_hash=f"h-{key}",
+        target="42",
+        response=f"the answer is {extracted}",
+        extracted={"strict-match": extracted, "flexible-extract": extracted},
+        correct={"strict-match": right, "flexible-extract": right},
+    )
+
+
+def output(tokens: list[int]) -> ArmOutput:
+    top = [{t: -0.1, t + 1: -3.0} for t in tokens]
+    return ArmOutput(tokens, [-0.1] * len(tokens), top, [{5: -0.1, 6: -3.0}] * 4, [-0.1] * 4)
+
+
+def drift_sample(key: str, mine: ArmOutput, reference: ArmOutput | None) -> Sample:
+    """As the drift suite stores it: the control arm with its A/A floor, the candidate compared."""
+    base = reference or mine
+    data = {"prompt_ids": [1, 2], "arm": pack(mine), "floor": compare(base, base).as_dict(), "finite": True}
+    data |= {"kl_tolerance": 0.01, "drift": None if reference is None else compare(reference, mine).as_dict()}
+    return Sample(key=key, prompt_hash=f"h-{key}", target="", response="", data=data)
+
+
+def finish(settings: Settings, run_id: int, mutant: str, wrong: Sequence[str], diverged: Sequence[str]) -> None:
+    """Store what fixed and the mutant answered (the mutant wrong on `wrong`, its tokens off the
+    top-k on `diverged`) and score the run as the pipeline does."""
+    url = settings.resolved_database_url()
+    reference = {key: output([10, 20, 30]) for key in PROMPTS}
+    samples = {
+        ("fixed", "gsm8k"): [answer(key, True) for key in QUESTIONS],
+        (mutant, "gsm8k"): [answer(key, key not in wrong) for key in QUESTIONS],
+        ("fixed", "drift"): [drift_sample(key, reference[key], None) for key in PROMPTS],
+        (mutant, "drift"): [
+            drift_sample(key, output([10, 99, 98]) if key in diverged else reference[key], reference[key])
+            for key in PROMPTS
+        ],
+    }
+    outcomes = {}
+    with session_scope(url) as session:
+        for (arm, suite), rows in samples.items():
+            store.save_samples(session, run_id, arm, suite, "kl" if suite == "drift" else "strict-match", rows)
+            if suite == "gsm8k":
+                right = sum(bool(s.correct["strict-match"]) for s in rows) / len(rows)
+                metrics = [MetricValue(name=m, value=right, n=len(rows)) for m in ("strict-match", "flexible-extract")]
+            else:
+                metrics = [MetricValue(name="kl", value=0.0, n=len(rows), direction="lower")]
+            outcomes[(arm, suite)] = SuiteOutcome(metrics=metrics, samples=list(rows), empty_response_rate=0.0)
+    profile = configured_profiles(settings)[PROFILE]
+    verdict, summary = scoring.score(url, run_id, profile, outcomes, ["fixed", mutant])
+    with session_scope(url) as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        run.status = "failed" if verdict == "fail" else "passed"
+        run.verdict, run.verdict_summary = verdict, summary
+        run.timings = {f"{mutant}.gsm8k_s": 31.5, f"{mutant}.drift_s": 12.0}
+
+
+def queue_batch(settings: Settings, mutants: Sequence[str]) -> tuple[str, list[int]]:
+    profiles = configured_profiles(settings)
+    batch = mutation.new_batch_id()
+    with session_scope(settings.resolved_database_url()) as session:
+        baselines.seed_from_profiles(session, profiles)
+        ids = mutation.enqueue_batch(session, profiles[PROFILE], mutants, batch, {"git_sha": "abc"}, "test")
+    return batch, ids
+
+
+def test_matrix_of_the_latest_batch(client: TestClient, settings: Settings) -> None:
+    _, old = queue_batch(settings, ["batch_row_shift"])
+    finish(settings, old[0], "batch_row_shift", wrong=[], diverged=[])  # an older batch: not shown
+    names = ["batch_row_shift", "softmax_scale_drift", "page_offset_i32", "split_lse_merge"]
+    batch, ids = queue_batch(settings, names)
+    # Caught by both suites: wrong from the first question, off the top-k from the fourth prompt.
+    finish(settings, ids[0], "batch_row_shift", wrong=QUESTIONS[:20], diverged=PROMPTS[3:])
+    finish(settings, ids[1], "softmax_scale_drift", wrong=[], diverged=[])  # unseen by both
+    with session_scope(settings.resolved_database_url()) as session:
+        died = session.get(Run, ids[2])
+        assert died is not None
+        died.status = "error"
+        died.error = "EngineDied: the engine of arm 'page_offset_i32' died while gsm8k ran: illegal memory access"
+    # ids[3] stays queued.
+
+    with session_scope(settings.resolved_database_url(), write=False) as session:
+        queued = [session.get(Run, run_id) for run_id in ids]
+        assert [(r.variants, r.labels["mutant"], r.labels["mutation_batch"]) for r in queued if r] == [
+            (["fixed", name], name, batch) for name in names
+        ]
+        assert queued[2] is not None and queued[2].overrides == {"canaries": ["high_block_ids"]}
+
+    got = client.get(f"/api/v1/profiles/{PROFILE}/mutants")
+    assert got.status_code == 200, got.text
+    matrix = mutation.MutationMatrix.model_validate(got.json())
+    assert (matrix.batch, matrix.suites) == (batch, ["gsm8k", "drift"])
+    rows = {row.mutant: row for row in matrix.rows}
+    assert list(rows) == ["batch_row_shift", "split_lse_merge", "page_offset_i32", "softmax_scale_drift"]
+    caught = rows["batch_row_shift"].cells
+    # Exact McNemar, all discordant pairs one way: p = 2 * 0.5^n first falls under 0.05 at n = 6.
+    assert (caught["gsm8k"].state, caught["gsm8k"].turned_at, caught["gsm8k"].items) == ("caught", 6, 40)
+    # The close rule: the first prompt outside it (the fourth) exceeds the floor's none.
+    assert (caught["drift"].state, caught["drift"].turned_at, caught["drift"].unit) == ("caught", 4, "prompts")
+    assert caught["gsm8k"].seconds == 31.5
+    missed = rows["softmax_scale_drift"].cells
+    assert {c.state for c in missed.values()} == {"missed"} and missed["gsm8k"].turned_at is None
+    assert {c.state for c in rows["page_offset_i32"].cells.values()} == {"died"}
+    assert {c.state for c in rows["split_lse_merge"].cells.values()} == {"pending"}
+    assert (matrix.caught, matrix.judged) == (2, 3)
+
+    table = mutation.markdown([matrix])
+    assert f"| batch_row_shift | caught (at 6 of 40 items, 32 s) [run {ids[0]}] | caught (at 4 of 12 prompts" in table
+    assert "| softmax_scale_drift | missed (pass, 40 items" in table
+    assert client.get("/api/v1/profiles/no-such-profile/mutants").status_code == 404
+
+
+def test_profile_page_shows_the_matrix(client: TestClient, settings: Settings) -> None:
+    page = client.get(f"/profiles/{PROFILE}")
+    assert page.status_code == 200 and "No mutation batch yet" in page.text
+    _, ids = queue_batch(settings, ["batch_row_shift", "softmax_scale_drift"])
+    finish(settings, ids[0], "batch_row_shift", wrong=QUESTIONS[:20], diverged=PROMPTS[3:])
+    finish(settings, ids[1], "softmax_scale_drift", wrong=[], diverged=[])
+    page = client.get(f"/profiles/{PROFILE}")
+    assert page.status_code == 200
+    row = page.text[page.text.index('data-mutant="batch_row_shift"') :].split("</tr>")[0]
+    assert row.count('data-state="caught"') == 2 and "at 6 of 40 items" in row and "at 4 of 12 prompts" in row
+    missed = page.text[page.text.index('data-mutant="softmax_scale_drift"') :].split("</tr>")[0]
+    assert missed.count('data-state="missed"') == 2 and f"#{ids[1]}" in missed
+
+
+def test_cli_prints_the_stored_matrix_and_refuses_what_it_cannot_run(settings: Settings) -> None:
+    upgrade(settings.resolved_database_url())
+    _, ids = queue_batch(settings, ["batch_row_shift"])
+    finish(settings, ids[0], "batch_row_shift", wrong=QUESTIONS[:20], diverged=PROMPTS[3:])
+    env = {**os.environ, "KVCANARY_DATA_DIR": str(settings.data_dir)}
+
+    def cli(*args: str, folder: Path = settings.profiles_dir) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "service", "mutants", *args]
+        folders = {**env, "KVCANARY_PROFILES_DIR": str(folder)}
+        return subprocess.run(command, env=folders, capture_output=True, text=True)
+
+    shown = cli("--show", PROFILE)
+    assert shown.returncode == 0, shown.stderr
+    assert f"| batch_row_shift | caught (at 6 of 40 items, 32 s) [run {ids[0]}] |" in shown.stdout
+    wrong = cli("--mutant", "no_such_mutant", PROFILE)
+    assert wrong.returncode == 2 and "unknown mutant no_such_mutant" in wrong.stderr
+    refused = cli("drift-tiny-gpu", folder=PACKAGED_PROFILES)
+    reason = refusal(configured_profiles(Settings(profiles_dir=PACKAGED_PROFILES))["drift-tiny-gpu"])
+    if reason is not None:  # a CPU host: the needs_gpu profile is refused before anything is queued
+        assert refused.returncode == 2 and " ".join(reason.split()[:5]) in " ".join(refused.stdout.split())
