@@ -73,7 +73,7 @@ def test_an_arm_is_named_by_its_variant_and_its_overrides_in_key_order() -> None
         ("fixed,max_num_batched_tokens", "'max_num_batched_tokens' must be key=value"),
         ("fixed,block_size=16,block_size=32", "sets block_size twice"),
         ("fixed,max_num_batched_tokens=lots", "valid integer"),
-        ("nonsense", "Input should be 'fixed', 'legacy', 'stock'"),
+        ("nonsense", "Input should be 'fixed', 'legacy', 'chunk_context_skip'"),
     ],
 )
 def test_a_misspelt_arm_is_refused_with_what_is_wrong(spelling: str, reason: str) -> None:
