@@ -8,10 +8,10 @@ It imports nothing of the server: the client parses it from the service's JSON.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import quote
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 ReleaseState = Literal["ready", "blocked", "incomplete"]
 # How a profile stands in a release: its latest decided run's status, or why there is none.
@@ -32,9 +32,15 @@ class ReleaseRun(BaseModel):
     verdict: str | None
     verdict_summary: str
     error: str
-    variants: list[str]
+    arms: list[str] = Field(description="The arms' names, control first; empty: one arm, the profile's variant")
     created_at: datetime
     finished_at: datetime | None
+
+    @field_validator("arms", mode="before")
+    @classmethod
+    def _arm_names(cls, arms: list[Any]) -> list[str]:
+        """A stored run keeps each arm as {name, variant, engine}; the summary names them."""
+        return [arm["name"] if isinstance(arm, dict) else str(arm) for arm in arms]
 
 
 class MetricOutcome(BaseModel):

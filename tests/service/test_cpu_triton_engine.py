@@ -20,6 +20,7 @@ from kernels.receipt import read_receipts
 from service.db.migrate import upgrade
 from service.db.models import Run
 from service.db.session import session_scope
+from service.profiles import ArmSpec
 from service.runs import pipeline, queries, queue
 from service.schemas import RunDetail
 from service.settings import Settings
@@ -51,7 +52,8 @@ def _execute(tmp_path: Path, profile: Any, variants: list[str], overrides: dict[
     upgrade(url)
     with session_scope(url) as session:
         run, _ = queue.enqueue(session, profile=profile.name, trigger="ci", triggered_by="test", labels={},
-                               overrides=overrides, variants=variants, max_attempts=1)
+                               overrides=overrides, arms=[ArmSpec(variant=v).stored() for v in variants],
+                               max_attempts=1)
         session.flush()
         run_id = run.id
         queue.claim_next(session, "test-worker", run_id)

@@ -140,8 +140,9 @@ def test_matrix_of_the_latest_batch(client: TestClient, settings: Settings) -> N
 
     with session_scope(settings.resolved_database_url(), write=False) as session:
         queued = [session.get(Run, run_id) for run_id in ids]
-        assert [(r.variants, r.labels["mutant"], r.labels["mutation_batch"]) for r in queued if r] == [
-            (["fixed", name], name, batch) for name in names
+        assert [([a["name"] for a in r.arms], r.expect, r.labels["mutant"], r.labels["mutation_batch"])
+                for r in queued if r] == [
+            (["fixed", name], {"fixed": "pass", name: "fail"}, name, batch) for name in names
         ]
         assert queued[2] is not None and queued[2].overrides == {"canaries": ["high_block_ids"]}
 
@@ -155,7 +156,7 @@ def test_matrix_of_the_latest_batch(client: TestClient, settings: Settings) -> N
     # Exact McNemar, all discordant pairs one way: p = 2 * 0.5^n first falls under 0.05 at n = 6.
     assert (caught["gsm8k"].state, caught["gsm8k"].turned_at, caught["gsm8k"].items) == ("caught", 6, 40)
     # The close rule: the first prompt outside it (the fourth) exceeds the floor's none.
-    assert (caught["drift"].state, caught["drift"].turned_at, caught["drift"].unit) == ("caught", 4, "prompts")
+    assert (caught["drift"].state, caught["drift"].turned_at, caught["drift"].unit) == ("caught", 8, "prompts")
     assert caught["gsm8k"].seconds == 31.5
     missed = rows["softmax_scale_drift"].cells
     assert {c.state for c in missed.values()} == {"missed"} and missed["gsm8k"].turned_at is None
@@ -164,7 +165,7 @@ def test_matrix_of_the_latest_batch(client: TestClient, settings: Settings) -> N
     assert (matrix.caught, matrix.judged) == (2, 3)
 
     table = mutation.markdown([matrix])
-    assert f"| batch_row_shift | caught (at 6 of 40 items, 32 s) [run {ids[0]}] | caught (at 4 of 12 prompts" in table
+    assert f"| batch_row_shift | caught (at 6 of 40 items, 32 s) [run {ids[0]}] | caught (at 8 of 12 prompts" in table
     assert "| softmax_scale_drift | missed (pass, 40 items" in table
     assert client.get("/api/v1/profiles/no-such-profile/mutants").status_code == 404
 
@@ -178,7 +179,7 @@ def test_profile_page_shows_the_matrix(client: TestClient, settings: Settings) -
     page = client.get(f"/profiles/{PROFILE}")
     assert page.status_code == 200
     row = page.text[page.text.index('data-mutant="batch_row_shift"') :].split("</tr>")[0]
-    assert row.count('data-state="caught"') == 2 and "at 6 of 40 items" in row and "at 4 of 12 prompts" in row
+    assert row.count('data-state="caught"') == 2 and "at 6 of 40 items" in row and "at 8 of 12 prompts" in row
     missed = page.text[page.text.index('data-mutant="softmax_scale_drift"') :].split("</tr>")[0]
     assert missed.count('data-state="missed"') == 2 and f"#{ids[1]}" in missed
 
