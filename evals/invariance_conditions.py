@@ -63,7 +63,8 @@ class Asker:
             plain = {key: v for key, v in body.items() if key not in ("logprobs", "prompt_logprobs")}
             answer = await self.client.post("/v1/completions", {**plain, "return_tokens_as_token_ids": False,
                                                                 "return_token_ids": True})  # fmt: skip
-            return Observation([*ids[frame:], *answer["choices"][0]["token_ids"]], {}, answered=False), None
+            tokens = [*ids[frame:], *answer["choices"][0]["token_ids"]]
+            return Observation(tokens, {}, answered=False), _cached(answer)
         choice = found["choices"][0]
         decoded = choice.get("logprobs") or {}
         tops: dict[int, dict[int, float]] = {}
@@ -75,8 +76,7 @@ class Asker:
         for j, step in enumerate(decoded.get("top_logprobs") or []):
             tops[len(ids) - frame + j] = {_token_id(t): _number(lp) for t, lp in (step or {}).items()}
         generated = [_token_id(t) for t in decoded.get("tokens") or []]
-        cached = ((found.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
-        return Observation([*ids[frame:], *generated], tops), cached
+        return Observation([*ids[frame:], *generated], tops), _cached(found)
 
     async def timed(self, condition: str, work: Awaitable[Any]) -> Any:
         began = time.monotonic()
@@ -89,6 +89,12 @@ class Asker:
         """The engine's prefix-cache hit counter (tokens), None when /metrics has none."""
         found = _HITS.findall((await self.client.client.get(f"{self.client.base}/metrics")).text)
         return sum(float(x) for x in found) if found else None
+
+
+def _cached(answer: dict[str, Any]) -> int | None:
+    """The prompt tokens a response says came from the prefix cache (None: it does not say)."""
+    found = ((answer.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+    return int(found) if found is not None else None
 
 
 async def engine_facts(client: _Client, prompts: Sequence[Prompt], config: InvarianceConfig) -> EngineFacts:
