@@ -63,8 +63,8 @@ class Asker:
             plain = {key: v for key, v in body.items() if key not in ("logprobs", "prompt_logprobs")}
             answer = await self.client.post("/v1/completions", {**plain, "return_tokens_as_token_ids": False,
                                                                 "return_token_ids": True})  # fmt: skip
-            tokens = [*ids[frame:], *answer["choices"][0]["token_ids"]]
-            return Observation(tokens, {}, answered=False), _cached(answer)
+            seen = [*ids[frame:], *answer["choices"][0]["token_ids"]]
+            return Observation(seen, {}, answered=False), _cached(answer)
         choice = found["choices"][0]
         decoded = choice.get("logprobs") or {}
         tops: dict[int, dict[int, float]] = {}
