@@ -297,7 +297,8 @@ def judge_invariance(
     verdict: Verdict = max((r.verdict for r in results), key=_RANK.__getitem__)
     failed = [r for r in results if r.verdict == "fail"]
     deciding = max(failed or results, key=lambda r: r.mean_kl - r.floor_kl)
-    details.update({"failed_conditions": ",".join(r.name for r in failed) or None, "decided_by": deciding.name})
+    details.update({"failed_conditions": ",".join(r.name for r in failed) or None, "decided_by": deciding.name,
+                    "ci_low": deciding.ci[0], "ci_high": deciding.ci[1]})  # fmt: skip
     if failed:
         if len(results) == 1:
             scope = "on"
