@@ -10,7 +10,13 @@ from evals.suites.base import SuiteDefinition
 if TYPE_CHECKING:  # the kinds compute with numpy; the bare client install has none
     from evals.metric_kinds import MetricKind
 
-_MODULES = ("evals.suites.gsm8k", "evals.suites.lmeval", "evals.suites.wer", "evals.suites.drift")
+_MODULES = (
+    "evals.suites.gsm8k",
+    "evals.suites.lmeval",
+    "evals.suites.wer",
+    "evals.suites.drift",
+    "evals.suites.invariance",
+)
 
 
 def registry() -> dict[str, SuiteDefinition]:

@@ -130,6 +130,7 @@ class SuiteDefinition:
     metrics: tuple[MetricSpec, ...]
     run: Callable[[SuiteContext], SuiteOutcome]
     compares_outputs: bool = False  # the suite reads `SuiteContext.reference_samples` (drift)
+    judges_control_arm: bool = False  # a comparing suite whose control arm has findings of its own (invariance)
     open_kind: MetricKind | None = None
 
     def metric_names(self, config: SuiteConfig | None = None) -> tuple[str, ...]:

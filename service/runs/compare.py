@@ -75,6 +75,21 @@ class DriftDiffOut(BaseModel):
     changes: list[DriftChangeOut] = Field(description="Violations first, then the earliest divergence")
 
 
+class ConditionChangeOut(BaseModel):
+    condition: str
+    matched: int = Field(description="Prompts this condition compared in both runs")
+    diverged_a: int = Field(description="Prompts whose argmax moved under the condition where its floor's did not")
+    diverged_b: int
+    mean_kl_a: float
+    mean_kl_b: float
+    newly_diverged: list[str] = Field(description="Prompts that moved in run b only")
+
+
+class InvarianceDiffOut(BaseModel):
+    matched: int = Field(description="Prompts with condition rows in both runs")
+    conditions: list[ConditionChangeOut]
+
+
 class SuiteDiff(BaseModel):
     """One suite's changes; each metric kind the suite declares fills the field of its name."""
 
@@ -84,6 +99,7 @@ class SuiteDiff(BaseModel):
     accuracy: list[AccuracyDiffOut] = Field(default_factory=list, description="One entry per accuracy metric")
     wer: WerDiffOut | None = None
     drift: DriftDiffOut | None = None
+    invariance: InvarianceDiffOut | None = None
 
 
 class DiffSide(BaseModel):

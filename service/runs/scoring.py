@@ -163,8 +163,9 @@ def score(
             limit = profile.suite_configs()[suite].max_empty_response_rate
             control = arms[0] if len(arms) > 1 and arm != arms[0] and (arms[0], suite) in outcomes else None
             compares = suite_registry.get(suite).compares_outputs
+            own_findings = suite_registry.get(suite).judges_control_arm
             for metric in outcome.metrics:
-                if compares and len(arms) > 1 and arm == arms[0]:
+                if compares and not own_findings and len(arms) > 1 and arm == arms[0]:
                     # a suite that compares outputs judges the later arms against this one's inside
                     store.save_result(session, run, arm, suite, metric, outcome.empty_response_rate, None)
                     continue

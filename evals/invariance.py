@@ -1,0 +1,377 @@
+"""Invariance: the same tokens under two serving conditions must give the same distributions.
+
+An `Observation` is what the engine reported for one prompt under one condition: the token
+sequence it conditioned on (prompt + continuation) and the top-k before each position it
+reported, in the prompt's own frame (position t is the distribution before token t of prompt +
+continuation; a long-context request's preamble is not counted). Two observations compare on
+the positions both reported whose preceding tokens agree: a teacher-forced pass conditions on
+given tokens everywhere, a decode path on its own greedy tokens, so after two decodes part
+ways nothing further is comparable. Per prompt and condition the comparison is a
+`PromptDrift` (KL over top-k plus a rest bucket, argmax agreement, first divergent position,
+the close rule; `evals.logprob_drift`), beside the same comparison for the condition's A/A
+floor. Each condition is judged by the drift rule (`judge_drift`) against its own floor, and
+the verdict names the conditions that broke.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from evals.drift_verdict import DEFAULT_KL_MARGIN, judge_drift, mean_interval
+from evals.logprob_drift import PromptDrift, TopK, kl_topk
+from evals.verdict import Baseline, MetricJudgement, Verdict
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A serving condition: what it compares, with what floor, and why the floor is that one."""
+
+    label: str  # "prefix-cache hits": reads "diverges only on prefix-cache hits"
+    compares: str
+    floor: str
+
+
+CONDITIONS: dict[str, Condition] = {
+    "batch": Condition(
+        "batch composition",
+        "the prompt alone vs inside a full ragged batch sent at the same moment (teacher-forced prompt, greedy "
+        "continuation)",
+        "two ragged batches of other compositions: vLLM documents batch composition as not invariant without its "
+        "batch-invariant mode, so this condition is held to its own measured floor, not to zero",
+    ),
+    "prefix_hit": Condition(
+        "prefix-cache hits",
+        "cold vs a prefix-cache hit on the prompt's whole blocks (greedy continuation; vLLM skips the cache for "
+        "prompt_logprobs requests)",
+        "the cold request twice",
+    ),
+    "prefix_family": Condition(
+        "a family sharing a cached few-shot prefix",
+        "cold vs all prompts sent together after their shared few-shot prefix was cached (greedy continuation)",
+        "the family twice in other orders (a batch: its own floor)",
+    ),
+    "long_context": Condition(
+        "long context",
+        "after a long neutral preamble near max_model_len: the prompt's and continuation's positions decoded vs "
+        "teacher-forced (a preamble changes what a model predicts, so short and long are not compared directly)",
+        "the long prompt twice",
+    ),
+    "decode_prefill": Condition(
+        "decode vs prefill",
+        "the greedy continuation's logprobs from the decode path vs the same tokens teacher-forced through prefill",
+        "the decode path twice",
+    ),
+    "arm": Condition(
+        "the engine change between arms",
+        "this arm's teacher-forced pass over the control arm's sequence vs the control's own",
+        "the control arm alone twice",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Observation:
+    tokens: Sequence[int]
+    tops: Mapping[int, TopK]
+    answered: bool = True  # False: the server could not serialise its logprobs (NaN or infinity)
+
+    def finite(self) -> bool:
+        return self.answered and all(math.isfinite(lp) for top in self.tops.values() for lp in top.values())
+
+
+def pack(observation: Observation) -> dict[str, Any]:
+    """The JSON a sample stores; a non-finite logprob is stored as null."""
+    return {
+        "tokens": list(observation.tokens),
+        "tops": [[t, [[tok, lp if math.isfinite(lp) else None] for tok, lp in top.items()]]
+                 for t, top in sorted(observation.tops.items())],
+        "answered": observation.answered,
+    }  # fmt: skip
+
+
+def unpack(data: Mapping[str, Any]) -> Observation:
+    tops = {int(t): {int(tok): math.nan if lp is None else float(lp) for tok, lp in top} for t, top in data["tops"]}
+    return Observation([int(t) for t in data["tokens"]], tops, bool(data.get("answered", True)))
+
+
+def _argmax(top: TopK) -> int | None:
+    return max(top, key=top.__getitem__) if top else None
+
+
+def observe(reference: Observation, candidate: Observation, since: int = 1) -> tuple[PromptDrift, int]:
+    """The comparison of two observations of one prompt on their comparable positions from `since`,
+    and how many positions that was (first_divergence: the first position whose argmax differs)."""
+    common = min(len(reference.tokens), len(candidate.tokens))
+    split = next((i for i in range(common) if reference.tokens[i] != candidate.tokens[i]), common)
+    positions = sorted(t for t in reference.tops.keys() & candidate.tops.keys() if since <= t <= split)
+    finite = reference.finite() and candidate.finite()
+    kls, deltas, agree = [], [], []
+    first, close = None, True
+    for t in positions:
+        ref, cand = reference.tops[t], candidate.tops[t]
+        top_ref, top_cand = _argmax(ref), _argmax(cand)
+        agree.append(top_ref == top_cand)
+        if top_ref != top_cand and first is None:
+            first, close = t, top_cand in ref and top_ref in cand
+        if finite:
+            kls.append(kl_topk(ref, cand))
+            if top_ref is not None and top_ref in cand:
+                deltas.append(abs(ref[top_ref] - cand[top_ref]))
+    drift = PromptDrift(
+        first_divergence=first,
+        close=close,
+        mean_abs_dlogprob=_mean(deltas),
+        mean_kl=_mean(kls),
+        max_kl=max(kls, default=0.0),
+        argmax_agreement=_mean([float(a) for a in agree]) if agree else 1.0,
+        max_abs_dlogprob=max(deltas, default=0.0),
+        finite=finite,
+    )
+    return drift, len(positions)
+
+
+def row(drift: tuple[PromptDrift, int], floor: tuple[PromptDrift, int], **notes: Any) -> dict[str, Any]:
+    """One prompt's stored result for one condition (`notes`: what was verified, e.g. cached tokens)."""
+    return {"drift": drift[0].as_dict(), "positions": drift[1], "floor": floor[0].as_dict(),
+            "floor_positions": floor[1], **notes}  # fmt: skip
+
+
+def skipped(reason: str) -> dict[str, Any]:
+    return {"skipped": reason}
+
+
+def _mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values) if values else 0.0
+
+
+def where(position: int, prompt_len: int) -> str:
+    """A position in words: inside the prompt, or the continuation's n-th token."""
+    return f"prompt position {position}" if position < prompt_len else f"continuation token {position - prompt_len}"
+
+
+@dataclass(frozen=True)
+class ConditionResult:
+    name: str
+    verdict: Verdict
+    compared: int
+    divergent: int
+    mean_kl: float
+    ci: tuple[float, float]
+    floor_kl: float
+    threshold: float
+    max_kl: float
+    agreement: float
+    violations: int
+    floor_violations: int
+    nonfinite: int
+    first: str | None  # the earliest first divergence, in words, with its prompt
+    firsts: list[str]
+    notes: list[str]
+
+    def headline(self) -> str:
+        label = CONDITIONS[self.name].label if self.name in CONDITIONS else self.name
+        if self.nonfinite:
+            return f"{label}: {self.nonfinite} of {self.compared} prompts have non-finite logprobs"
+        if self.divergent:
+            return f"{label}: {self.divergent} of {self.compared} prompts, first at {self.first}"
+        return f"{label}: mean KL {self.mean_kl:.3g} nats over its floor's {self.floor_kl:.3g}, no argmax changed"
+
+    def sentence(self, tolerance: float) -> str:
+        info = CONDITIONS.get(self.name)
+        text = (
+            f"{info.label if info else self.name} ({self.verdict}; {info.compares if info else ''}): "
+            f"{self.compared} prompts, mean KL {self.mean_kl:.3g} nats (95% CI {self.ci[0]:.3g}-{self.ci[1]:.3g}, "
+            f"clustered by prompt) against its floor {self.floor_kl:.3g} + tolerance {tolerance:.3g} "
+            f"(floor: {info.floor if info else 'measured'}), max KL {self.max_kl:.3g}, argmax agreement "
+            f"{self.agreement:.4f}, {self.divergent} diverge"
+        )
+        if self.firsts:
+            text += f" (first divergent positions {', '.join(self.firsts[:4])})"
+        text += f", {self.violations} outside the close rule (floor {self.floor_violations})"
+        if self.nonfinite:
+            text += f", {self.nonfinite} with non-finite logprobs"
+        return text + "".join(f"; {note}" for note in self.notes)
+
+
+def _condition(
+    suite: str, metric: str, name: str, rows: Mapping[str, Mapping[str, Any]], lens: Mapping[str, int],
+    tolerance: float, baseline: Baseline | None, alpha: float,
+) -> ConditionResult:  # fmt: skip
+    """One condition judged by the drift rule against its own floor (rows: key -> stored row)."""
+    shaped = {
+        key: {"drift": r["drift"], "floor": r["floor"], "finite": r["drift"]["finite"], "kl_tolerance": tolerance}
+        for key, r in rows.items()
+    }
+    judged = judge_drift(suite, f"{metric}.{name}", shaped, baseline, alpha=alpha)
+    drifts = {key: r["drift"] for key, r in rows.items()}
+    divergent = sorted(
+        ((key, d["first_divergence"]) for key, d in drifts.items() if d["first_divergence"] is not None),
+        key=lambda item: (item[1], item[0]),
+    )
+    kls = [d["mean_kl"] for d in drifts.values() if d["finite"]] or [0.0]
+    floor_kl = _mean([r["floor"]["mean_kl"] for r in rows.values()])
+    notes = sorted({str(r["note"]) for r in rows.values() if r.get("note")})
+    firsts = [f"{key}@{where(pos, lens[key])}" for key, pos in divergent]
+    return ConditionResult(
+        name=name,
+        verdict=judged.verdict,
+        compared=len(rows),
+        divergent=len(divergent),
+        mean_kl=_mean(kls),
+        ci=mean_interval(kls, confidence=1 - alpha),
+        floor_kl=floor_kl,
+        threshold=floor_kl + (baseline.tolerance if baseline is not None else tolerance),
+        max_kl=max(d["max_kl"] for d in drifts.values()),
+        agreement=_mean([d["argmax_agreement"] for d in drifts.values()]),
+        violations=sum(1 for d in drifts.values() if not d["close"]),
+        floor_violations=sum(1 for r in rows.values() if not r["floor"]["close"]),
+        nonfinite=sum(1 for d in drifts.values() if not d["finite"]),
+        first=where(divergent[0][1], lens[divergent[0][0]]) if divergent else None,
+        firsts=firsts,
+        notes=notes,
+    )
+
+
+_RANK: dict[str, int] = {"pass": 0, "no_baseline": 1, "warn": 2, "inconclusive": 3, "fail": 4}
+
+
+def judge_invariance(
+    suite: str,
+    metric: str,
+    candidate: Mapping[str, Any],
+    baseline: Baseline | None,
+    reference: Mapping[str, Any] | None = None,
+    *,
+    alpha: float = 0.05,
+    reference_label: str = "the reference run",
+) -> MetricJudgement:
+    """Every condition's verdict from per-prompt rows (key -> {conditions, prompt_len, tolerances}).
+
+    A condition fails, passes or is inconclusive by the drift rule against its own floor; a
+    condition that could not be built for a prompt is skipped with its reason, and one skipped for
+    every prompt is named as such. The worst condition decides; the value is the mean KL of the
+    condition that decided (the largest mean KL when all pass).
+    """
+    del reference, reference_label  # floors and the control arm's outputs travel with each row
+    if not candidate:
+        raise ValueError(f"{suite}.{metric}: no samples to judge; a run without samples is an error, not a verdict")
+    names = list(dict.fromkeys([*CONDITIONS, *(c for r in candidate.values() for c in r["conditions"])]))
+    lens = {key: int(r["prompt_len"]) for key, r in candidate.items()}
+    results: list[ConditionResult] = []
+    skips: list[str] = []
+    tolerances: dict[str, float] = {}
+    for name in names:
+        found = {key: r["conditions"][name] for key, r in sorted(candidate.items()) if name in r["conditions"]}
+        built = {key: r for key, r in found.items() if "skipped" not in r}
+        reasons: dict[str, int] = {}
+        for r in found.values():
+            if "skipped" in r:
+                reasons[r["skipped"]] = reasons.get(r["skipped"], 0) + 1
+        label = CONDITIONS[name].label if name in CONDITIONS else name
+        skips += [f"{label} for {n} of {len(found)} prompts: {why}" for why, n in reasons.items()]
+        if built:
+            rows = next(iter(candidate.values()))
+            tolerances[name] = float(
+                rows.get("tolerances", {}).get(name, rows.get("kl_tolerance", DEFAULT_KL_MARGIN))
+            )
+            results.append(_condition(suite, metric, name, built, lens, tolerances[name], baseline, alpha))
+    details: dict[str, float | int | str | None] = {"n": len(candidate), "alpha": alpha}
+    for r in results:
+        details.update({f"{r.name}.verdict": r.verdict, f"{r.name}.prompts": r.compared,
+                        f"{r.name}.mean_kl": r.mean_kl, f"{r.name}.ci_low": r.ci[0], f"{r.name}.ci_high": r.ci[1],
+                        f"{r.name}.floor_mean_kl": r.floor_kl, f"{r.name}.max_kl": r.max_kl,
+                        f"{r.name}.argmax_agreement": r.agreement, f"{r.name}.divergent": r.divergent,
+                        f"{r.name}.first_divergence": r.first})  # fmt: skip
+    seconds: dict[str, float] = {}
+    for r in candidate.values():
+        for name, s in (r.get("seconds") or {}).items():
+            seconds[name] = seconds.get(name, 0.0) + float(s)
+    details.update({f"{name}.seconds": round(s, 2) for name, s in seconds.items()})
+    details["skipped"] = "; ".join(skips) or None
+    skipped_text = f" Skipped, each with its reason: {'; '.join(skips)}." if skips else ""
+    if not results:
+        explanation = f"INCONCLUSIVE: {suite} built no condition, so nothing was compared.{skipped_text}"
+        return MetricJudgement(suite, metric, "inconclusive", 0.0, len(candidate), None, None, explanation, details)
+    verdict: Verdict = max((r.verdict for r in results), key=_RANK.__getitem__)
+    failed = [r for r in results if r.verdict == "fail"]
+    deciding = max(failed or results, key=lambda r: r.mean_kl - r.floor_kl)
+    details.update({"failed_conditions": ",".join(r.name for r in failed) or None, "decided_by": deciding.name,
+                    "ci_low": deciding.ci[0], "ci_high": deciding.ci[1]})  # fmt: skip
+    if failed:
+        if len(results) == 1:
+            scope = "on"
+        elif len(failed) == len(results):
+            scope = "under every condition it built:"
+        else:
+            scope = "only on" if len(failed) == 1 else "on"
+        what = "; ".join(r.headline() for r in failed)
+        head = f"FAIL: {suite} diverges {scope} {what}."
+    elif verdict == "warn":
+        warned = [CONDITIONS[r.name].label if r.name in CONDITIONS else r.name for r in results if r.verdict == "warn"]
+        head = (
+            f"WARN: {suite} moves beyond the floor, within the tolerance, under {', '.join(warned)}: "
+            "not a failure, but the math is not invariant there."
+        )
+    elif verdict == "inconclusive":
+        unsure = [CONDITIONS[r.name].label if r.name in CONDITIONS else r.name for r in results if r.verdict != "pass"]
+        head = (
+            f"INCONCLUSIVE: {suite} found no divergence beyond the floors, but under {', '.join(unsure)} the prompts "
+            f"were too few (or too spread) to see an excess as small as the tolerance: add prompts to decide."
+        )
+    else:
+        head = f"PASS: {suite} holds under every condition it built ({len(results)})."
+    body = " ".join(f"{r.sentence(tolerances[r.name])}." for r in results)
+    timing = ", ".join(f"{name} {s:.1f} s" for name, s in seconds.items())
+    explanation = f"{head} {body}{skipped_text}" + (f" Time per condition: {timing}." if timing else "")
+    return MetricJudgement(
+        suite, metric, verdict, deciding.mean_kl, len(candidate), deciding.floor_kl, deciding.threshold,
+        explanation, details,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ConditionChange:
+    condition: str
+    matched: int  # prompts this condition compared in both runs
+    diverged_a: int  # prompts whose argmax moved under the condition where its floor's did not
+    diverged_b: int
+    mean_kl_a: float
+    mean_kl_b: float
+    newly_diverged: list[str]  # keys diverging in run b only, at most `top`
+
+
+@dataclass(frozen=True)
+class InvarianceDiff:
+    matched: int  # prompts with condition rows in both runs
+    conditions: list[ConditionChange]
+
+
+def _moved(r: Mapping[str, Any]) -> bool:
+    return r["drift"]["first_divergence"] is not None and r["floor"]["first_divergence"] is None
+
+
+def diff_invariance(a: Mapping[str, Any], b: Mapping[str, Any], top: int = 50) -> InvarianceDiff | None:
+    """Per condition both runs built: how many prompts moved in each, and which moved in `b` only."""
+    keys = sorted(k for k in a.keys() & b.keys() if "conditions" in a[k].data and "conditions" in b[k].data)
+    if not keys:
+        return None
+    changes = []
+    names = dict.fromkeys(n for k in keys for n in (*a[k].data["conditions"], *b[k].data["conditions"]))
+    for name in names:
+        pairs = {k: (a[k].data["conditions"].get(name), b[k].data["conditions"].get(name)) for k in keys}
+        both = {k: (x, y) for k, (x, y) in pairs.items() if x and y and "skipped" not in x and "skipped" not in y}
+        if not both:
+            continue
+        changes.append(ConditionChange(
+            condition=name,
+            matched=len(both),
+            diverged_a=sum(1 for x, _ in both.values() if _moved(x)),
+            diverged_b=sum(1 for _, y in both.values() if _moved(y)),
+            mean_kl_a=_mean([x["drift"]["mean_kl"] for x, _ in both.values()]),
+            mean_kl_b=_mean([y["drift"]["mean_kl"] for _, y in both.values()]),
+            newly_diverged=[k for k, (x, y) in both.items() if _moved(y) and not _moved(x)][:top],
+        ))  # fmt: skip
+    return InvarianceDiff(len(keys), changes)

