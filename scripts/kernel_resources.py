@@ -1,5 +1,9 @@
 """Registers, spills and shared memory of the decode kernels compiled for sm_90, no GPU needed.
 
+Each line ends with a digest of the machine code (``sass_digest``): a change that must leave
+the fixed kernels as they were (a mutant's compile-time switch, kernels/mutants.py) keeps every
+digest equal to the previous commit's output.
+
 Triton compiles for a named target with its bundled ptxas, so the launch defaults can be
 checked on any host: a program that spills, or needs more shared memory than a
 multiprocessor has (227 KB on Hopper), is slow whatever the schedule. Pointers and strides
@@ -14,6 +18,7 @@ with the version the GPU host has.
     python scripts/kernel_resources.py
 """
 
+import hashlib
 import inspect
 import os
 import re
@@ -91,12 +96,10 @@ def tile_buffers(ttgir: str) -> int:
     return max((int(count) for count in counts), default=0)
 
 
-def _report(
-    kernel: Any, constexprs: dict[str, int | bool], types: dict[str, str], num_warps: int, num_stages: int
-) -> str:
-    """``kernel`` compiled for sm_90: registers, spill stack, local loads and stores in its
-    machine code, shared memory, the K/V tiles' pipeline buffers and the kind of matrix
-    instruction."""
+def _compile(
+    kernel: Any, constexprs: dict[str, int | bool | str], types: dict[str, str], num_warps: int, num_stages: int
+) -> tuple[Any, str, str]:
+    """``kernel`` compiled for sm_90: (the compiled kernel, cuobjdump's resource usage, its SASS)."""
     names = kernel.arg_names
     signature = {n: "constexpr" if n in constexprs else types.get(n, "fp32" if n in _FLOATS else "i32") for n in names}
     aligned = {
@@ -119,6 +122,24 @@ def _report(
         )
     finally:
         cubin.unlink()
+    return compiled, usage, sass
+
+
+def sass_digest(sass: str) -> str:
+    """A fingerprint of the machine code alone (instructions, no addresses or encodings): equal
+    across commits when a change leaves the compiled kernel as it was."""
+    instructions = [re.sub(r"/\*[^*]*\*/", "", line).strip() for line in sass.splitlines()
+                    if re.match(r"\s*/\*[0-9a-f]{4}\*/", line)]  # fmt: skip
+    return hashlib.sha256("\n".join(instructions).encode()).hexdigest()[:16]
+
+
+def _report(
+    kernel: Any, constexprs: dict[str, int | bool | str], types: dict[str, str], num_warps: int, num_stages: int
+) -> str:
+    """``kernel`` compiled for sm_90: registers, spill stack, local loads and stores in its
+    machine code, shared memory, the K/V tiles' pipeline buffers, the kind of matrix
+    instruction and the digest of its machine code."""
+    compiled, usage, sass = _compile(kernel, constexprs, types, num_warps, num_stages)
     registers = re.search(r"REG:(\d+)", usage)
     stack = re.search(r"STACK:(\d+)", usage)
     local_loads, local_stores = (len(re.findall(rf"\b{op}\b", sass)) for op in ("LDL", "STL"))
@@ -126,7 +147,7 @@ def _report(
         f"registers {registers.group(1) if registers else '?'}, spill stack {stack.group(1) if stack else '?'} B "
         f"({local_loads} local loads, {local_stores} stores), "
         f"shared {compiled.metadata.shared // 1024} KB, K/V buffers {tile_buffers(compiled.asm['ttgir'])}, "
-        f"{'wgmma' if 'wgmma' in compiled.asm['ptx'] else 'mma.sync'}"
+        f"{'wgmma' if 'wgmma' in compiled.asm['ptx'] else 'mma.sync'}, SASS {sass_digest(sass)}"
     )
 
 
