@@ -15,9 +15,11 @@ CPU platform only:
   cache keeps the layout vLLM gives TRITON_ATTN (blocks of ``[block_size, kv_heads,
   2 * head_size]``, K and V side by side), which the kernels read through its strides.
 
-Encoder self-attention (Whisper's encoder: no KV cache) runs in vLLM's own Triton prefill kernel
-on a GPU, which kvcanary does not replace there either; here it runs in torch's SDPA. Decoder
-self-attention and cross-attention (the seed bug's path) go through `unified_attention`.
+Encoder self-attention through the backend (layers of type ENCODER or ENCODER_ONLY: no KV cache)
+runs in vLLM's own Triton prefill kernel on a GPU, which kvcanary does not replace there either;
+here it runs in torch's SDPA (Whisper's encoder uses vLLM's multimodal encoder attention instead,
+not a backend). Decoder self-attention and cross-attention (the seed bug's path) go through
+`unified_attention`.
 """
 
 from __future__ import annotations
