@@ -29,7 +29,7 @@ from tests.conftest import OFFLINE_ENV, MakeProfile
 pytestmark = pytest.mark.engine
 
 GSM8K_QUESTIONS = 2
-DRIFT_PROMPTS = 8  # the drift suite's fewest for a decided verdict; edge-length prompts come on top
+DRIFT_PROMPTS = 8  # the drift suite's fewest for a decided verdict; two decode steps (each costs seconds)
 INT32_ELEMENTS = 2**31
 
 
@@ -82,7 +82,8 @@ def test_fixed_kernels_stay_within_the_drift_floor_of_vllm_cpus_attention(
     tmp_path: Path, make_profile: MakeProfile, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     profile = _profile(make_profile, "cpu-triton-ab",
-                       [{"suite": "drift", "limit": DRIFT_PROMPTS, "max_tokens": 16, "concurrency": DRIFT_PROMPTS}])
+                       [{"suite": "drift", "limit": DRIFT_PROMPTS, "max_tokens": 2, "edge_lengths": False,
+                         "concurrency": DRIFT_PROMPTS}])
     final, detail, error, run_dir = _execute(tmp_path, profile, ["stock", "fixed"],
                                              {"canaries": ["high_block_ids"]}, monkeypatch)
     kl = _metric(detail, "fixed", "drift", "kl")
