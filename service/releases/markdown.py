@@ -83,5 +83,14 @@ def release_markdown(summary: ReleaseSummary) -> str:
     ]
     for row in summary.profiles:
         out += _rows(row)
+    scored = [row for row in summary.profiles if row.mutation is not None]
+    if scored:
+        out += ["", "Mutation score (the latest `kvcanary mutants` batch of each profile):", ""]
+        out += [
+            f"- {md(row.profile)}: {row.mutation.caught} of {row.mutation.mutants} kernel mutants seen "
+            f"({row.mutation.judged} finished, batch {md(row.mutation.batch)})"
+            for row in scored
+            if row.mutation is not None
+        ]
     out += ["", f"Source: {summary.links.get('dashboard', '')}"]
     return "\n".join(out) + "\n"

@@ -96,6 +96,16 @@ class Comparison(BaseModel):
     problem: str = Field("", description="Why some of the two runs could not be paired, if anything")
 
 
+class MutationScore(BaseModel):
+    """The profile's latest mutation batch (`kvcanary mutants`): how many kernel mutants its suites saw."""
+
+    batch: str
+    caught: int = Field(description="Mutants caught (or whose engine died) by at least one suite")
+    judged: int = Field(description="Mutants whose run finished")
+    mutants: int = Field(description="Mutants in the batch")
+    link: str = Field(description="The profile page, where the whole matrix is")
+
+
 class ProfileRelease(BaseModel):
     """One profile's row: its latest decided run in the release, and the change since the previous one."""
 
@@ -109,6 +119,7 @@ class ProfileRelease(BaseModel):
     reasons: list[str] = Field(description="What failed, when the outcome is failed or error")
     comparison: Comparison | None
     previous_note: str = Field("", description="Why there is no comparison")
+    mutation: MutationScore | None = Field(None, description="None: the profile has no mutation batch")
 
 
 class ReleaseSummary(BaseModel):

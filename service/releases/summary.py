@@ -27,6 +27,7 @@ from service.releases.schemas import (
     Comparison,
     MetricChange,
     MetricOutcome,
+    MutationScore,
     Outcome,
     PairedChange,
     ProfileRelease,
@@ -39,6 +40,7 @@ from service.releases.schemas import (
 )
 from service.report import format_number
 from service.runs.compare import CompareError, SuiteDiff, arms_and_suites, diff_runs
+from service.runs.mutation import latest_matrix
 from service.runs.queries import label_is
 from service.runs.state import Status
 from service.schemas import LABEL_KEY
@@ -172,6 +174,17 @@ def release_index(session: Session, key: str, required: Sequence[str], limit: in
             )
         )  # fmt: skip
     return ReleaseIndex(key=key, required=list(required), releases=listings)
+
+
+def _mutation_score(session: Session, profile: str, base_url: str) -> MutationScore | None:
+    """The profile's latest mutation batch summed up; the gate's own score, not the release's."""
+    matrix = latest_matrix(session, profile)
+    if matrix.batch is None:
+        return None
+    return MutationScore(
+        batch=matrix.batch, caught=matrix.caught, judged=matrix.judged, mutants=len(matrix.rows),
+        link=f"{base_url}/profiles/{quote(profile)}#mutants",
+    )  # fmt: skip
 
 
 def _arms(run: Run, results: Sequence[SuiteResult], profile: Profile | None) -> list[str]:
@@ -370,7 +383,7 @@ def release_summary(
                 profile=name, required=name in required, outcome=outcome, runs=len(by_profile.get(name, [])),
                 run=ReleaseRun.model_validate(decided, from_attributes=True) if decided is not None else None,
                 pending_run_id=going.id if going is not None else None, metrics=metrics, reasons=why,
-                comparison=comparison, previous_note=note,
+                comparison=comparison, previous_note=note, mutation=_mutation_score(session, name, base_url),
             )
         )  # fmt: skip
     state, line, blocking, missing = judge(required, outcomes, reasons, pending)

@@ -22,6 +22,8 @@ from service.db.models import Run
 from service.db.session import session_scope
 from service.engine.gpus import refusal
 from service.profile_catalog import configured_profiles
+from service.releases.markdown import release_markdown
+from service.releases.schemas import ReleaseSummary
 from service.runs import mutation, scoring, store
 from service.settings import PACKAGED_PROFILES, Settings
 
@@ -204,3 +206,18 @@ def test_cli_prints_the_stored_matrix_and_refuses_what_it_cannot_run(settings: S
     reason = refusal(configured_profiles(Settings(profiles_dir=PACKAGED_PROFILES))["drift-tiny-gpu"])
     if reason is not None:  # a CPU host: the needs_gpu profile is refused before anything is queued
         assert refused.returncode == 2 and " ".join(reason.split()[:5]) in " ".join(refused.stdout.split())
+
+
+def test_the_release_view_carries_the_latest_mutation_score(client: TestClient, settings: Settings) -> None:
+    """A release's row for a profile with a mutation batch says how many mutants the gate saw."""
+    _, ids = queue_batch(settings, ["batch_row_shift", "softmax_scale_drift", "split_lse_merge"])
+    finish(settings, ids[0], "batch_row_shift", wrong=QUESTIONS[:20], diverged=PROMPTS[3:])
+    finish(settings, ids[1], "softmax_scale_drift", wrong=[], diverged=[])
+    got = client.get("/api/v1/releases/git_sha=abc")  # the batch's runs carry the caller's labels
+    assert got.status_code == 200, got.text
+    [row] = [r for r in got.json()["profiles"] if r["profile"] == PROFILE]
+    assert {k: row["mutation"][k] for k in ("caught", "judged", "mutants")} == {"caught": 1, "judged": 2, "mutants": 3}
+    page = client.get("/releases/git_sha=abc")
+    assert page.status_code == 200 and "mutants seen: 1 of 3" in page.text and "(1 not finished)" in page.text
+    notes = release_markdown(ReleaseSummary.model_validate(got.json()))
+    assert f"- {PROFILE}: 1 of 3 kernel mutants seen (2 finished" in notes
