@@ -71,7 +71,8 @@ def get_engine(url: str) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _begin)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, json_deserializer=_json_loads)
+    # PostgreSQL's JSONB refuses a lone surrogate, so none is stored there to escape on reading.
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
 
 
 @lru_cache(maxsize=16)
