@@ -1,10 +1,11 @@
 """Security headers on every response: what a browser may load, frame or send along.
 
 The dashboard's pages run only the service's own scripts (`/static/*.js`, plotly.js from
-`/vendor/`) and styles (`/static/dashboard.css`), with no inline script, handler or style, so
-their policy allows `'self'` and one hash: that of the empty string, which admits an empty
-`<style>` element only. plotly.js makes one and fills it through the CSSOM (`insertRule`, which
-a policy does not govern), so charts get their styles while no styled markup can be injected.
+`/vendor/`) and stylesheets (`/static/dashboard.css`), with no inline script or handler, so
+scripts are `'self'` only. Style elements are `'self'` and one hash: that of the empty string,
+which admits an empty `<style>` element only (plotly.js makes one and fills it through the
+CSSOM, which a policy does not govern). plotly.js also sets style attributes on the elements it
+draws, so style attributes (`style-src-attr`) are allowed inline: they cannot run code.
 
 Swagger UI and ReDoc (`/docs`, `/redoc`) load their files from this service too, but set inline
 styles as they render (ReDoc builds its stylesheet at run time and searches in a worker made
@@ -19,7 +20,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 EMPTY_STYLE = "'sha256-47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU='"  # SHA-256 of ""
 PAGE_POLICY = (
-    f"default-src 'self'; script-src 'self'; style-src 'self' {EMPTY_STYLE}; img-src 'self' data:; "
+    f"default-src 'self'; script-src 'self'; style-src 'self' {EMPTY_STYLE}; style-src-attr 'unsafe-inline'; "
+    "img-src 'self' data:; "
     "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 )
 DOCS_POLICY = (
