@@ -33,6 +33,38 @@ MakeProfile = Callable[..., Profile]
 os.environ.pop("COLUMNS", None)
 
 
+def execute_queued(
+    tmp_path: Path,
+    profile: Profile,
+    arms: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    overrides: dict[str, Any] | None = None,
+) -> tuple[str, str, int]:
+    """Queue a run of `profile` with these arms (names, control first) on a fresh database, claim
+    it and execute it through the pipeline here, as a worker does; returns (final status,
+    database URL, run id). The pipeline's engines inherit this process's offline environment."""
+    from service.db.migrate import upgrade
+    from service.db.session import session_scope
+    from service.profiles import ArmSpec
+    from service.runs import pipeline, queue
+    from service.settings import Settings
+
+    settings = Settings(data_dir=tmp_path / "data", profiles_dir=tmp_path / "profiles", start_worker=False)
+    url = settings.resolved_database_url()
+    upgrade(url)
+    with session_scope(url) as session:
+        run, _ = queue.enqueue(
+            session, profile=profile.name, trigger="ci", triggered_by="test", labels={}, overrides=overrides or {},
+            arms=[ArmSpec.model_validate(name).stored() for name in arms], max_attempts=1,
+        )  # fmt: skip
+        session.flush()
+        run_id = run.id
+        queue.claim_next(session, "test-worker", run_id)
+    for key, value in OFFLINE_ENV.items():
+        monkeypatch.setenv(key, value)
+    return pipeline.execute(run_id, settings, {profile.name: profile}, "test-worker"), url, run_id
+
+
 @pytest.fixture(scope="session")
 def offline_env() -> dict[str, str]:
     """The test process's environment with OFFLINE_ENV on top: pass it as an Engine's base_env."""

@@ -21,15 +21,13 @@ from evals import fixtures
 from evals.suites import drift
 from evals.suites.base import Sample, SuiteAborted, SuiteContext
 from evals.verdict import MetricJudgement, judge_ab
-from service.db.migrate import upgrade
 from service.db.models import Run
 from service.db.session import session_scope
 from service.engine import Engine
 from service.report import write_junit
-from service.runs import pipeline, queries, queue
+from service.runs import queries
 from service.runs.compare import diff_runs
-from service.settings import Settings
-from tests.conftest import OFFLINE_ENV, MakeProfile
+from tests.conftest import MakeProfile, execute_queued
 
 pytestmark = pytest.mark.engine
 
@@ -160,27 +158,8 @@ def test_ab_run_through_the_pipeline_judges_drift_and_reports_it(
     scored, in the run diff and in the JUnit report."""
     from evals.fixtures.gsm8k_model import model_dir
 
-    settings = Settings(data_dir=tmp_path / "data", profiles_dir=tmp_path / "profiles", start_worker=False)
-    url = settings.resolved_database_url()
-    upgrade(url)
     profile = make_profile(model_dir(), name="drift-ab", suites=[{"suite": "drift", "limit": 8, "max_tokens": 16}])
-    with session_scope(url) as session:
-        run, _ = queue.enqueue(
-            session,
-            profile=profile.name,
-            trigger="ci",
-            triggered_by="test",
-            labels={},
-            overrides={},
-            arms=[{"name": v, "variant": v, "engine": {}} for v in ("stock", "fixed")],
-            max_attempts=1,
-        )
-        session.flush()
-        run_id = run.id
-        queue.claim_next(session, "test-worker", run_id)
-    for key, value in OFFLINE_ENV.items():
-        monkeypatch.setenv(key, value)  # the pipeline's engines inherit the process environment
-    final = pipeline.execute(run_id, settings, {profile.name: profile}, "test-worker")
+    final, url, run_id = execute_queued(tmp_path, profile, ["stock", "fixed"], monkeypatch)
     with session_scope(url) as session:
         row = session.get(Run, run_id)
         assert row is not None

@@ -13,14 +13,11 @@ from pathlib import Path
 import pytest
 
 from evals.fixtures.gsm8k_model import model_dir
-from service.db.migrate import upgrade
 from service.db.models import Run
 from service.db.session import session_scope
-from service.profiles import ArmSpec
-from service.runs import pipeline, queries, queue, store
+from service.runs import queries, store
 from service.runs.compare import diff_runs
-from service.settings import Settings
-from tests.conftest import OFFLINE_ENV, MakeProfile
+from tests.conftest import MakeProfile, execute_queued
 
 pytestmark = pytest.mark.engine
 
@@ -34,22 +31,9 @@ CONTROL, CHUNKED = "fixed", "fixed,max_num_batched_tokens=64"
 def test_ab_run_builds_every_condition_judges_both_arms_and_names_the_skips(
     tmp_path: Path, make_profile: MakeProfile, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = Settings(data_dir=tmp_path / "data", profiles_dir=tmp_path / "profiles", start_worker=False)
-    url = settings.resolved_database_url()
-    upgrade(url)
     config = {"suite": "invariance", "limit": 8, "max_tokens": 8, "min_preamble_tokens": MIN_PREAMBLE}
     profile = make_profile(model_dir(), name="invariance-ab", suites=[config])
-    with session_scope(url) as session:
-        run, _ = queue.enqueue(
-            session, profile=profile.name, trigger="ci", triggered_by="test", labels={}, overrides={},
-            arms=[ArmSpec.model_validate(name).stored() for name in (CONTROL, CHUNKED)], max_attempts=1,
-        )  # fmt: skip
-        session.flush()
-        run_id = run.id
-        queue.claim_next(session, "test-worker", run_id)
-    for key, value in OFFLINE_ENV.items():
-        monkeypatch.setenv(key, value)  # the pipeline's engines inherit the process environment
-    final = pipeline.execute(run_id, settings, {profile.name: profile}, "test-worker")
+    final, url, run_id = execute_queued(tmp_path, profile, [CONTROL, CHUNKED], monkeypatch)
     with session_scope(url) as session:
         row = session.get(Run, run_id)
         assert row is not None

@@ -17,14 +17,11 @@ from typing import Any
 import pytest
 
 from kernels.receipt import read_receipts
-from service.db.migrate import upgrade
 from service.db.models import Run
 from service.db.session import session_scope
-from service.profiles import ArmSpec
-from service.runs import pipeline, queries, queue
+from service.runs import queries
 from service.schemas import RunDetail
-from service.settings import Settings
-from tests.conftest import OFFLINE_ENV, MakeProfile
+from tests.conftest import MakeProfile, execute_queued
 
 pytestmark = pytest.mark.engine
 
@@ -47,19 +44,7 @@ def _gsm8k() -> dict[str, Any]:
 
 def _execute(tmp_path: Path, profile: Any, variants: list[str], overrides: dict[str, Any],
              monkeypatch: pytest.MonkeyPatch) -> tuple[str, RunDetail, str | None, Path]:
-    settings = Settings(data_dir=tmp_path / "data", profiles_dir=tmp_path / "profiles", start_worker=False)
-    url = settings.resolved_database_url()
-    upgrade(url)
-    with session_scope(url) as session:
-        run, _ = queue.enqueue(session, profile=profile.name, trigger="ci", triggered_by="test", labels={},
-                               overrides=overrides, arms=[ArmSpec(variant=v).stored() for v in variants],
-                               max_attempts=1)
-        session.flush()
-        run_id = run.id
-        queue.claim_next(session, "test-worker", run_id)
-    for key, value in OFFLINE_ENV.items():
-        monkeypatch.setenv(key, value)  # the pipeline's engines inherit the process environment
-    final = pipeline.execute(run_id, settings, {profile.name: profile}, "test-worker")
+    final, url, run_id = execute_queued(tmp_path, profile, variants, monkeypatch, overrides)
     with session_scope(url) as session:
         row = session.get(Run, run_id)
         assert row is not None
