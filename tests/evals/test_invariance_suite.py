@@ -48,9 +48,12 @@ def test_ab_run_builds_every_condition_judges_both_arms_and_names_the_skips(
         diff = diff_runs(session, row, row, arm_a=CONTROL, arm_b=CHUNKED)
     for arm in (CONTROL, CHUNKED):
         text = judged[arm].explanation
-        assert judged[arm].verdict == "pass", text
+        # Long context is built for the shorter prompts only, fewer than the 8 a verdict needs: that
+        # condition, and so the suite, stays inconclusive and says why; every other condition passes.
+        assert judged[arm].verdict == "inconclusive", text
+        assert "INCONCLUSIVE" in text and "under long context the prompts were too few" in text, text
         for label in ("decode vs prefill (pass", "batch composition (pass", "prefix-cache hits (pass",
-                      "a family sharing a cached few-shot prefix (pass", "long context (pass"):  # fmt: skip
+                      "a family sharing a cached few-shot prefix (pass", "long context (inconclusive"):  # fmt: skip
             assert label in text, text
         assert "held to its own measured floor, not to zero" in text
         assert "long context for " in text and "too long for a preamble" in text
