@@ -31,7 +31,7 @@ def test_conditions_show_per_prompt_and_diff_by_condition(client: TestClient, se
     a = [_sample(k, {"prefix_hit": steady, "batch": steady, "long_context": off}) for k in ("p0", "p1")]
     b = [_sample("p0", {"prefix_hit": moved, "batch": steady, "long_context": off}),
          _sample("p1", {"prefix_hit": steady, "batch": steady, "long_context": off})]  # fmt: skip
-    run = add_run(settings, {("stock", "invariance"): a, ("fixed", "invariance"): b}, variants=["stock", "fixed"])
+    run = add_run(settings, {("stock", "invariance"): a, ("fixed", "invariance"): b}, arms=["stock", "fixed"])
 
     diff = client.get(f"/api/v1/runs/{run}/diff/{run}", params={"arm_a": "stock", "arm_b": "fixed"}).json()
     [suite] = diff["suites"]
