@@ -5,7 +5,7 @@ launcher, suites, scoring and store); the table printed at the end is read back 
 service's API, and each row is checked against what the gate must show. Run it through
 `scripts/gpu/gate_e2e.sh`, which sets up vLLM and kvcanary's dependencies first.
 
-    python scripts/gpu/gate_e2e.py --out OUT [--rows gsm8k,whisper,mla,legacy,tp2,drift,mutants]
+    python scripts/gpu/gate_e2e.py --out OUT [--rows gsm8k,whisper,mla,legacy,tp2,drift,invariance,mutants]
 
 The `mutants` group runs `kvcanary mutants --url` for each GPU fixture (its drift and GSM8k
 profiles): fixed against every mutant of kernels.mutants, and prints the matrix as
@@ -108,6 +108,20 @@ def rows() -> list[Row]:
         Row("drift-mla-legacy", "drift", "drift-tiny-mla-gpu", ("--compare", "fixed,legacy", *high),
             "legacy drifts from fixed (wrong pages): fails",
             lambda r: _status(r, "failed") + _arm_verdicts(r, "legacy", {"fail"}) + _on_path(r, "legacy")),
+        Row("inv-fixed", "invariance", "invariance-tiny-gpu", (),
+            "every condition within its floor in each arm (control, 64-token chunks, CUDA graphs)",
+            lambda r: _arm_verdicts(r, r["variants"][0], {"pass", "warn", "inconclusive"})
+            + [p for arm in r["variants"][1:] for p in _arm_verdicts(r, arm, {"pass", "warn"})]
+            + [p for arm in r["variants"] for p in _on_path(r, arm)]),
+        Row("inv-ab", "invariance", "invariance-tiny-gpu", ab, "fixed within the floor of stock under every condition",
+            lambda r: _arm_verdicts(r, "fixed", {"pass", "warn"}) + _on_path(r, "stock") + _on_path(r, "fixed")),
+        Row("inv-mla-fixed", "invariance", "invariance-tiny-mla-gpu", (),
+            "every condition within its floor (control, 64-token chunks)",
+            lambda r: [p for arm in r["variants"][1:] for p in _arm_verdicts(r, arm, {"pass", "warn"})]
+            + [p for arm in r["variants"] for p in _on_path(r, arm)]),
+        Row("inv-mla-legacy", "invariance", "invariance-tiny-mla-gpu", ("--compare", "fixed,legacy", *high),
+            "legacy (wrong pages past the int32 wrap) fails; the verdict names the conditions",
+            lambda r: _status(r, "failed") + _arm_verdicts(r, "legacy", {"fail"}) + _on_path(r, "legacy")),
     ]  # fmt: skip
 
 
@@ -174,6 +188,28 @@ def _arms(run: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def conditions(run: dict[str, Any]) -> list[str]:
+    """One line per judged invariance arm and condition: verdict, prompts, KL against its floor, time."""
+    lines = []
+    for m in run["metrics"]:
+        details = m.get("details") or {}
+        if m["suite"] != "invariance" or m["verdict"] is None:
+            continue
+        names = sorted({key.split(".")[0] for key in details if key.endswith(".verdict")})
+        for name in names:
+            kl, floor = details.get(f"{name}.mean_kl"), details.get(f"{name}.floor_mean_kl")
+            lines.append(
+                f"| {run['id']} | {m['arm']} | {name} | {details[f'{name}.verdict']} | "
+                f"{details.get(f'{name}.prompts')} | "
+                f"{format_number(kl)} [{format_number(details.get(f'{name}.ci_low'))}, "
+                f"{format_number(details.get(f'{name}.ci_high'))}] | {format_number(floor)} | "
+                f"{details.get(f'{name}.first_divergence')} | {details.get(f'{name}.seconds', '-')} |"
+            )
+        if details.get("skipped"):
+            lines.append(f"| {run['id']} | {m['arm']} | skipped | {details['skipped']} | | | | | |")
+    return lines
+
+
 def table(results: Sequence[tuple[Row, dict[str, Any], float | None, list[str]]]) -> str:
     """The gate's result table in Markdown: one row per run, with its check."""
     lines = [
@@ -195,7 +231,7 @@ def main() -> int:
     parser.add_argument(
         "--rows",
         default="gsm8k,whisper,mla,legacy",
-        help="groups (gsm8k,whisper,mla,legacy,tp2,drift,mutants) or row keys",
+        help="groups (gsm8k,whisper,mla,legacy,tp2,drift,invariance,mutants) or row keys",
     )
     parser.add_argument("--port", type=int, default=8077)
     parser.add_argument("--mutants", default="", help="with the mutants group: only these mutants (comma list)")
@@ -241,6 +277,10 @@ def main() -> int:
         service.terminate()
         service.wait(60)
     printed = table(results) if results else ""
+    per_condition = [line for _row, run, _s, _p in results for line in conditions(run)]
+    if per_condition:
+        head = "| run | arm | condition | verdict | prompts | mean KL [90% CI] | floor | first divergence | seconds |"
+        printed += f"\n\n{head}\n|---|---|---|---|---|---|---|---|---|\n" + "\n".join(per_condition)
     for fixture, code, seconds, matrix in matrices:
         printed += f"\n\n### mutants, {fixture} (kvcanary mutants exit {code}, {seconds / 60:.1f} min)\n\n{matrix}"
     print(printed)
