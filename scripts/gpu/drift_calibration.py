@@ -145,13 +145,17 @@ class Fixture:
         return rows, repeated
 
     def _row(self, label: str, found: Mapping[str, Samples] | None, key: str, why: str) -> Comparison:
+        """The comparison, printed as its table line at once (a run cut short keeps the rows it finished)."""
         if not found or key not in found:
-            return Comparison(self.name, label, None, why or "not run")
-        samples = found[key]
-        if key == "ref":  # the floor itself: the reference's first pass against its second, as a candidate
-            samples = {k: _floor_as_candidate(s) for k, s in samples.items()}
-        judgement = drift.DRIFT.judge("drift", drift.METRIC, drift.DRIFT.scores(samples, drift.METRIC), None)
-        return Comparison(self.name, label, judgement)
+            made = Comparison(self.name, label, None, why or "not run")
+        else:
+            samples = found[key]
+            if key == "ref":  # the floor itself: the reference's first pass against its second, as a candidate
+                samples = {k: _floor_as_candidate(s) for k, s in samples.items()}
+            judgement = drift.DRIFT.judge("drift", drift.METRIC, drift.DRIFT.scores(samples, drift.METRIC), None)
+            made = Comparison(self.name, label, judgement)
+        print(table([made]).splitlines()[-1], flush=True)
+        return made
 
 
 def _floor_as_candidate(sample: Sample) -> Sample:
