@@ -4,7 +4,8 @@
 #   scripts/gpu/gate_e2e.sh pack KIT_BUILDER OUTDIR   on a machine with PyPI: everything the host needs
 #   scripts/gpu/gate_e2e.sh run  CARRIED OUTDIR [ROWS] on the GPU host (no network): set up, run, table
 #   scripts/gpu/gate_e2e.sh calibrate CARRIED OUTDIR [REPEATS]  the same set-up, then the drift suite's
-#                                                   calibration (scripts/gpu/drift_calibration.py)
+#                                                   calibration (scripts/gpu/drift_calibration.py;
+#                                                   CALIBRATE_FIXTURES=a,b picks the drift fixtures)
 #
 # `pack` builds the offline vLLM 0.24.0 kit (KIT_BUILDER is the kit's build.sh), kvcanary's wheel
 # with its server and suites extras and the wheels they need beyond the kit and the host's own
@@ -75,7 +76,7 @@ calibrate() {
   setup "$1" "$out"
   out=$(cd "$out" && pwd)
   cd "$out"
-  python3 "$here/drift_calibration.py" --out "$out" --repeats "$repeats"
+  python3 "$here/drift_calibration.py" --out "$out" --repeats "$repeats" --fixtures "${CALIBRATE_FIXTURES:-drift-tiny-gpu,drift-tiny-mla-gpu}"
 }
 
 case "${1:-}" in
