@@ -4,7 +4,7 @@ Hopper (FA3 for GQA, FlashMLA for MLA at page 64), in interleaved CUDA-graph rou
 
 The merge is a second kernel after the split one (kernels._split_kv.merge_splits). This
 script measures its share of a call, roughly what merging another way could save (a fused
-merge could also skip some partial writes); docs/kernels.md reads the numbers.
+merge could also skip some partial writes); docs/history/kernels-lab.md reads the numbers.
 
     python scripts/gpu/bench_merge_share.py --vllm-ref .vllm_ref [--cases x16,x32]
 """
