@@ -13,6 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, load_only
 
 from service.db.models import Run, SuiteResult
+from service.numbers import format_metric
 from service.releases.schemas import release_path
 from service.releases.summary import DECIDED
 
@@ -50,6 +51,7 @@ def release_trends(session: Session, profile: str, key: str, last: int) -> dict[
                 "run_id": row.run_id,
                 "arm": row.arm,
                 "value": row.value,
+                "shown": format_metric(row.value, row.details),
                 "ci_low": row.ci_low,
                 "ci_high": row.ci_high,
                 "verdict": row.verdict or "none",

@@ -52,7 +52,9 @@
       x: pts.map(xOf),
       y: pts.map((p) => p.value),
       customdata: pts.map((p) => p.link || p.run_id),  // a run's id, or a release's page
-      text: pts.map((p) => escapeHtml(`run #${p.run_id}${arms.size > 1 ? ` arm ${p.arm}` : ""}${p.git_sha ? ` @ ${p.git_sha}` : ""}`)),
+      // the value as the server's reports write it (service.numbers): a KL of 4e-06 is not 0.0000
+      text: pts.map((p) => escapeHtml(`run #${p.run_id}${arms.size > 1 ? ` arm ${p.arm}` : ""}${p.git_sha ? ` @ ${p.git_sha}` : ""}`)
+        + `<br>${escapeHtml(p.shown)}`),
       mode: "markers",
       marker: { color: COLOURS[verdict] || COLOURS.none, size: 9, symbol: pts.map((p) => (p.arm === [...arms][0] ? "circle" : "diamond")) },
       error_y: {
@@ -60,7 +62,7 @@
         array: pts.map((p) => (p.ci_high === null ? 0 : p.ci_high - p.value)),
         arrayminus: pts.map((p) => (p.ci_low === null ? 0 : p.value - p.ci_low)),
       },
-      hovertemplate: `%{text}<br>%{y:.4f} (${verdict.replaceAll("_", " ")})<br>%{x}<extra></extra>`,
+      hovertemplate: `%{text} (${verdict.replaceAll("_", " ")})<br>%{x}<extra></extra>`,
     }));
   }
 
