@@ -21,6 +21,7 @@ import httpx
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from evals.retry_after import retry_after_s
 from service.report import cli_console, print_run, write_junit
 from service.roles import Role
 from service.runs.cli import app as runs_app
@@ -382,7 +383,8 @@ def _follow(url: str, run_id: int, worker: threading.Thread) -> None:
             worker.join(0.5)
 
 
-MAX_RETRY_AFTER_S = 60.0
+# A busy service's wait when it names none (a proxy's 429).
+BUSY_PAUSE_S = 5.0
 # What a service that is restarting, or a proxy in front of it, answers for a while (the
 # service's own 503 names a Retry-After: it is busy, and says when to come back).
 RESTARTING = (502, 503, 504)
@@ -419,9 +421,10 @@ class _Silence:
 
 def _answer(send: Callable[[], httpx.Response], silence: _Silence) -> httpx.Response | None:
     """What `send()` gets once the service answers. While it is busy (429, or 503 with a
-    Retry-After), wait what it names and send again until the deadline (then its busy answer
-    is returned); while it does not answer (refused, timed out, 502-504 from a proxy: a
-    restart, which runs survive), send again every poll until a limit, None after that. A POST
+    Retry-After in seconds or as a date, read by `evals.retry_after`), wait what it names and
+    send again until the deadline (then its busy answer is returned); while it does not answer
+    (refused, timed out, 502-504 from a proxy: a restart, which runs survive), send again every
+    poll until a limit, None after that. A POST
     carries the call's Idempotency-Key, so one that reached the service before its answer was
     lost queues nothing twice."""
     while True:
@@ -430,8 +433,8 @@ def _answer(send: Callable[[], httpx.Response], silence: _Silence) -> httpx.Resp
         except UNANSWERED as exc:
             why = type(exc).__name__
         else:
-            header = response.headers.get("Retry-After", "")
-            busy = response.status_code == 429 or (response.status_code == 503 and header.isdigit())
+            asked = retry_after_s(response.headers.get("Retry-After"))
+            busy = response.status_code == 429 or (response.status_code == 503 and asked is not None)
             if not busy and response.status_code not in RESTARTING:
                 silence.answered()
                 return response
@@ -440,7 +443,7 @@ def _answer(send: Callable[[], httpx.Response], silence: _Silence) -> httpx.Resp
                 left = silence.deadline - time.monotonic()
                 if left <= 0:
                     return response
-                pause = min(float(header) if header.isdigit() else 5.0, MAX_RETRY_AFTER_S, left)
+                pause = min(BUSY_PAUSE_S if asked is None else asked, left)
                 print(f"service busy ({response.status_code}); retrying in {pause:.1f} s", file=sys.stderr)
                 time.sleep(pause)
                 continue
