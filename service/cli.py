@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -22,6 +22,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from evals.retry_after import retry_after_s
+from service.durations import EXAMPLES, parse_duration
 from service.report import cli_console, print_run, write_junit
 from service.roles import Role
 from service.runs.cli import app as runs_app
@@ -93,11 +94,10 @@ def _expiry(expires_in: str | None, expires: datetime | None) -> datetime | None
         return expires if expires.tzinfo else expires.replace(tzinfo=UTC)
     if not expires_in:
         return None
-    units = {"d": "days", "h": "hours", "m": "minutes"}
-    amount, unit = expires_in[:-1], expires_in[-1:]
-    if unit not in units or not amount.isdigit() or int(amount) == 0:
-        raise typer.BadParameter(f"--expires-in {expires_in!r}: a whole number and d, h or m, e.g. 90d")
-    return datetime.now(UTC) + timedelta(**{units[unit]: int(amount)})
+    try:
+        return datetime.now(UTC) + parse_duration(expires_in, "--expires-in")
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
 
 
 def _exit_code(run: RunDetail) -> int:
@@ -150,7 +150,7 @@ def tokens_create(
     name: Annotated[
         str | None, typer.Option(help="Who or what holds it, e.g. github-actions; unique (default: role-<random>)")
     ] = None,
-    expires_in: Annotated[str | None, typer.Option(help="Lifetime, e.g. 90d, 12h or 30m")] = None,
+    expires_in: Annotated[str | None, typer.Option(help=f"Lifetime, e.g. {EXAMPLES}")] = None,
     expires: Annotated[
         datetime | None, typer.Option(help="Expiry date or time (UTC unless given), e.g. 2027-01-31")
     ] = None,
