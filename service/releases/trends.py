@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, load_only
 
 from service.db.models import Run, SuiteResult
-from service.numbers import format_metric
+from service.numbers import format_metric, format_number
 from service.releases.schemas import release_path
 from service.releases.summary import DECIDED
 
@@ -57,6 +57,8 @@ def release_trends(session: Session, profile: str, key: str, last: int) -> dict[
                 "verdict": row.verdict or "none",
                 "baseline": row.baseline_value,
                 "threshold": row.threshold,
+                "baseline_shown": format_number(row.baseline_value),
+                "threshold_shown": format_number(row.threshold),
             }
         )
     return {"key": key, "releases": releases, "series": [series[k] for k in sorted(series)]}

@@ -64,4 +64,5 @@ def test_the_run_page_shows_a_tiny_kl_and_a_huge_detail_in_their_digits(
     assert "1e+30" in page.text and "1000000000000000019884624838656" not in page.text
     with session_scope(settings.resolved_database_url(), write=False) as session:
         [series] = trends(session, "fixture", 10)
-    assert [p["shown"] for p in series["points"]] == ["4.03e-06"]  # what the chart's hover shows
+    [point] = series["points"]  # what the chart's hovers show
+    assert (point["shown"], point["baseline_shown"], point["threshold_shown"]) == ("4.03e-06", "1.2e-06", "0.0125")
