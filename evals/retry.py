@@ -3,22 +3,21 @@ the drift suite's completions and the alert webhooks.
 
 Worth another try: a transport error (refused or reset connection, a timeout), 408, 429 and
 any 5xx; any other status is the receiver's final answer. A `Retry-After` header (seconds or
-an HTTP date) sets the wait before the next try, up to `MAX_RETRY_AFTER_S`; otherwise the
-waits grow exponentially from `base_s` up to `cap_s`. tenacity runs the loop.
+an HTTP date, read by `evals.retry_after`, which the CLI client shares) sets the wait before the
+next try; otherwise the waits grow exponentially from `base_s` up to `cap_s`. tenacity runs the loop.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from evals.retry_after import retry_after_s
+
 RETRY_STATUS = frozenset({408, 429})
-MAX_RETRY_AFTER_S = 120.0
 
 
 class RetryableStatus(Exception):
@@ -36,21 +35,6 @@ def check(response: httpx.Response) -> httpx.Response:
     return response
 
 
-def retry_after_s(response: httpx.Response) -> float | None:
-    """The wait a `Retry-After` header asks for, in seconds; None without a readable one."""
-    value = response.headers.get("retry-after", "").strip()
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds()
-        except (TypeError, ValueError):
-            return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
-
-
 class _Wait:
     """The server's `Retry-After` where it gave one, else exponential backoff."""
 
@@ -60,7 +44,7 @@ class _Wait:
     def __call__(self, state: RetryCallState) -> float:
         failure = state.outcome.exception() if state.outcome is not None else None
         if isinstance(failure, RetryableStatus):
-            asked = retry_after_s(failure.response)
+            asked = retry_after_s(failure.response.headers.get("retry-after"))
             if asked is not None:
                 return asked
         return float(self.backoff(state))

@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_postgres_api import free_port, fresh_database, postgres_server  # noqa: E402
 
+from evals.retry_after import retry_after_s  # noqa: E402
 from service.auth import Role, create_token  # noqa: E402
 from service.db.migrate import upgrade  # noqa: E402
 from service.db.session import session_scope  # noqa: E402
@@ -155,10 +156,10 @@ async def _try_until_answered(url: str, token: str, key: str, burst: Burst) -> N
             burst.statuses[type(exc).__name__] += 1
             return
         burst.statuses[str(status)] += 1
-        retry_after = headers.get("retry-after", "")
-        if status in (429, 503) and retry_after.isdigit() and time.monotonic() < deadline:
+        retry_after = retry_after_s(headers.get("retry-after"))
+        if status in (429, 503) and retry_after is not None and time.monotonic() < deadline:
             burst.retried_busy += 1
-            await asyncio.sleep(int(retry_after))
+            await asyncio.sleep(retry_after)
             continue
         if status in (200, 201):
             burst.acknowledged[key] = json.loads(body)["id"]

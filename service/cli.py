@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -21,6 +21,8 @@ import httpx
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from evals.retry_after import retry_after_s
+from service.durations import EXAMPLES, parse_duration
 from service.report import cli_console, print_run, write_junit
 from service.roles import Role
 from service.runs.cli import app as runs_app
@@ -92,11 +94,10 @@ def _expiry(expires_in: str | None, expires: datetime | None) -> datetime | None
         return expires if expires.tzinfo else expires.replace(tzinfo=UTC)
     if not expires_in:
         return None
-    units = {"d": "days", "h": "hours", "m": "minutes"}
-    amount, unit = expires_in[:-1], expires_in[-1:]
-    if unit not in units or not amount.isdigit() or int(amount) == 0:
-        raise typer.BadParameter(f"--expires-in {expires_in!r}: a whole number and d, h or m, e.g. 90d")
-    return datetime.now(UTC) + timedelta(**{units[unit]: int(amount)})
+    try:
+        return datetime.now(UTC) + parse_duration(expires_in, "--expires-in")
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
 
 
 def _exit_code(run: RunDetail) -> int:
@@ -149,7 +150,7 @@ def tokens_create(
     name: Annotated[
         str | None, typer.Option(help="Who or what holds it, e.g. github-actions; unique (default: role-<random>)")
     ] = None,
-    expires_in: Annotated[str | None, typer.Option(help="Lifetime, e.g. 90d, 12h or 30m")] = None,
+    expires_in: Annotated[str | None, typer.Option(help=f"Lifetime, e.g. {EXAMPLES}")] = None,
     expires: Annotated[
         datetime | None, typer.Option(help="Expiry date or time (UTC unless given), e.g. 2027-01-31")
     ] = None,
@@ -382,7 +383,8 @@ def _follow(url: str, run_id: int, worker: threading.Thread) -> None:
             worker.join(0.5)
 
 
-MAX_RETRY_AFTER_S = 60.0
+# A busy service's wait when it names none (a proxy's 429).
+BUSY_PAUSE_S = 5.0
 # What a service that is restarting, or a proxy in front of it, answers for a while (the
 # service's own 503 names a Retry-After: it is busy, and says when to come back).
 RESTARTING = (502, 503, 504)
@@ -419,9 +421,10 @@ class _Silence:
 
 def _answer(send: Callable[[], httpx.Response], silence: _Silence) -> httpx.Response | None:
     """What `send()` gets once the service answers. While it is busy (429, or 503 with a
-    Retry-After), wait what it names and send again until the deadline (then its busy answer
-    is returned); while it does not answer (refused, timed out, 502-504 from a proxy: a
-    restart, which runs survive), send again every poll until a limit, None after that. A POST
+    Retry-After in seconds or as a date, read by `evals.retry_after`), wait what it names and
+    send again until the deadline (then its busy answer is returned); while it does not answer
+    (refused, timed out, 502-504 from a proxy: a restart, which runs survive), send again every
+    poll until a limit, None after that. A POST
     carries the call's Idempotency-Key, so one that reached the service before its answer was
     lost queues nothing twice."""
     while True:
@@ -430,8 +433,8 @@ def _answer(send: Callable[[], httpx.Response], silence: _Silence) -> httpx.Resp
         except UNANSWERED as exc:
             why = type(exc).__name__
         else:
-            header = response.headers.get("Retry-After", "")
-            busy = response.status_code == 429 or (response.status_code == 503 and header.isdigit())
+            asked = retry_after_s(response.headers.get("Retry-After"))
+            busy = response.status_code == 429 or (response.status_code == 503 and asked is not None)
             if not busy and response.status_code not in RESTARTING:
                 silence.answered()
                 return response
@@ -440,7 +443,7 @@ def _answer(send: Callable[[], httpx.Response], silence: _Silence) -> httpx.Resp
                 left = silence.deadline - time.monotonic()
                 if left <= 0:
                     return response
-                pause = min(float(header) if header.isdigit() else 5.0, MAX_RETRY_AFTER_S, left)
+                pause = min(BUSY_PAUSE_S if asked is None else asked, left)
                 print(f"service busy ({response.status_code}); retrying in {pause:.1f} s", file=sys.stderr)
                 time.sleep(pause)
                 continue

@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from service.numbers import format_metric, format_number
 from service.schemas import MetricOut, RunDetail
 
 # Where stdout is a file or a CI log, nothing wraps lines: a table cut to 80 columns
@@ -33,18 +34,9 @@ VERDICT_STYLE = {
 }
 
 
-def format_number(value: float | None) -> str:
-    """Four decimals, or four significant digits below 1e-3 and from 1e6 on (a drift KL of 4e-06
-    nats is not 0.0000; a non-finite drift's severity of 1e30 is not 31 digits)."""
-    if value is None:
-        return "-"
-    return f"{value:.4g}" if 0 < abs(value) < 1e-3 or abs(value) >= 1e6 else f"{value:.4f}"
-
-
 def metric_value(metric: MetricOut) -> str:
-    """The metric's value, or "not finite" where its judgement flags it so (a drift KL over
-    non-finite logprobs is stored as a placeholder number, never shown as one)."""
-    return "not finite" if metric.details.get("kl_finite") is False else format_number(metric.value)
+    """The metric's value as every report shows it (`service.numbers.format_metric`)."""
+    return format_metric(metric.value, metric.details)
 
 
 def print_run(run: RunDetail, console: Console | None = None) -> None:

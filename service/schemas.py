@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from service.arms import describe_outcome
+from service.durations import EXAMPLES, parse_duration
 from service.profiles import NAME_PATTERN, ArmSpec, Expectation, Profile, RunOverrides
 from service.text import storable, text_problem
 
@@ -396,6 +397,28 @@ class TokenCreate(BaseModel):
     name: str = Field(pattern=NAME_PATTERN, description="Who or what holds it")
     role: Literal["viewer", "ci", "admin"]
     expires_in_days: int | None = Field(None, ge=1, le=3650, description="Left out: the token does not expire")
+    expires_in: str | None = Field(
+        None, max_length=16, description=f"Lifetime as the CLI takes it, e.g. {EXAMPLES}; instead of expires_in_days"
+    )
+
+    @field_validator("expires_in")
+    @classmethod
+    def _duration(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_duration(value, "expires_in")
+        return value
+
+    @model_validator(mode="after")
+    def _one_lifetime(self) -> TokenCreate:
+        if self.expires_in is not None and self.expires_in_days is not None:
+            raise ValueError("give expires_in or expires_in_days, not both")
+        return self
+
+    def lifetime(self) -> timedelta | None:
+        """How long the token lives; None: it does not expire."""
+        if self.expires_in is not None:
+            return parse_duration(self.expires_in, "expires_in")
+        return timedelta(days=self.expires_in_days) if self.expires_in_days else None
 
 
 class TokenCreated(TokenOut):

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from service.arms import describe_outcome
 from service.db.models import Run, SuiteResult
+from service.numbers import format_number
 from service.runs.state import Status
 
 Kind = Literal["run_failed", "run_error", "run_warned", "verdict_changed", "run_unexpected"]
@@ -91,7 +92,7 @@ def previous_judged_run(session: Session, run: Run) -> Run | None:
 def _line(m: MetricVerdict, previous_run_id: int | None, quote: Callable[[str], str]) -> str:
     was = f" (was {quote(m.previous_verdict or '')} in run {previous_run_id})" if m.changed else ""
     name = quote(f"{m.suite}.{m.metric}")
-    return f"• {name} = {m.value:.4f}: {quote(m.verdict)}{was}. {quote(m.explanation)}".rstrip()
+    return f"• {name} = {format_number(m.value)}: {quote(m.verdict)}{was}. {quote(m.explanation)}".rstrip()
 
 
 def _text(

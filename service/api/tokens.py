@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, status
@@ -29,7 +28,8 @@ def list_tokens(_: Admin, session: SessionDep) -> list[TokenOut]:
 )
 def create_token(body: TokenCreate, _: Admin, writer: WriterDep) -> TokenCreated:
     """The secret is in this response only; store it now. Token names are unique."""
-    expires_at = utcnow() + timedelta(days=body.expires_in_days) if body.expires_in_days else None
+    lifetime = body.lifetime()
+    expires_at = utcnow() + lifetime if lifetime else None
     with writer() as session:
         try:
             secret = auth.create_token(session, body.name, auth.Role(body.role), expires_at)

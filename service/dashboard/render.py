@@ -13,6 +13,7 @@ from fastapi.templating import Jinja2Templates
 
 from service.api.deps import ANONYMOUS, COOKIE, Caller, csrf_token
 from service.dashboard.assets import PLOTLY_URL
+from service.numbers import DECIMALS, format_metric, format_number, format_signed
 from service.releases.schemas import release_path
 from service.runs.state import ACTIVE, Status
 
@@ -46,12 +47,14 @@ def since(value: datetime | None) -> str:
     return f"{duration((datetime.now(UTC) - value).total_seconds())} so far" if value else "—"
 
 
-def number(value: float | int | None, digits: int = 4) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, int):
-        return str(value)
-    return f"{value:.{digits}f}"
+def number(value: float | int | None, digits: int = DECIMALS) -> str:
+    """Numbers as every report writes them (`service.numbers`), a dash where there is none."""
+    return format_number(value, digits, missing="—")
+
+
+def metric(value: float | None, details: dict[str, Any] | None) -> str:
+    """A metric's value, or "not finite" (`service.numbers.format_metric`)."""
+    return format_metric(value, details, missing="—")
 
 
 def is_link(value: str) -> bool:
@@ -107,7 +110,8 @@ def _templates() -> Jinja2Templates:
     templates = Jinja2Templates(directory=HERE / "templates")
     env = templates.env
     env.filters.update(
-        when=when, duration=duration, since=since, number=number, question=question_of, token_strip=token_strip
+        when=when, duration=duration, since=since, number=number, signed=format_signed, metric=metric,
+        question=question_of, token_strip=token_strip,
     )
     env.tests["link"] = is_link
     env.globals.update(

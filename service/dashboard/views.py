@@ -16,6 +16,7 @@ from evals.verdict import Baseline, threshold
 from service.baselines import list_baselines
 from service.db.models import Run, SuiteResult
 from service.db.models import Sample as SampleRow
+from service.numbers import format_metric, format_number
 from service.schemas import BaselineOut
 
 
@@ -55,12 +56,15 @@ def _point(row: SuiteResult, run: Run) -> dict[str, Any]:
         "at": run.created_at.isoformat(),
         "arm": row.arm,
         "value": None if (row.details or {}).get("kl_finite") is False else row.value,  # not finite: no point
+        "shown": format_metric(row.value, row.details),
         "ci_low": row.ci_low,
         "ci_high": row.ci_high,
         "n": row.n,
         "verdict": row.verdict or "none",
         "baseline": row.baseline_value,
         "threshold": row.threshold,
+        "baseline_shown": format_number(row.baseline_value),
+        "threshold_shown": format_number(row.threshold),
         "git_sha": (run.labels or {}).get("git_sha", ""),
     }
 
@@ -88,7 +92,13 @@ def trends(session: Session, profile: str, last: int) -> list[dict[str, Any]]:
     for key, entry in series.items():
         baseline = current.get(key)
         entry["current"] = (
-            {"value": baseline.value, "threshold": current_threshold(baseline), "source": baseline.source}
+            {
+                "value": baseline.value,
+                "threshold": current_threshold(baseline),
+                "value_shown": format_number(baseline.value),
+                "threshold_shown": format_number(current_threshold(baseline)),
+                "source": baseline.source,
+            }
             if baseline is not None and baseline.value is not None
             else None
         )

@@ -29,12 +29,18 @@ def visible_gpus(dev: Path = Path("/dev")) -> int:
     return min(present, len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"]))
 
 
+def gpus_needed(profile: Profile) -> int:
+    """GPUs `profile`'s engine needs on one host: one per tensor-parallel rank with `engine.needs_gpu`,
+    none without. The one rule for both executors (a fixture model may be a GPU profile too)."""
+    return profile.engine.tensor_parallel_size if profile.engine.needs_gpu else 0
+
+
 def refusal(profile: Profile, gpus: int | None = None) -> str | None:
     """Why this host cannot run `profile`'s engine, or None when it can."""
-    if not profile.engine.needs_gpu:
+    wanted = gpus_needed(profile)
+    if not wanted:
         return None
     gpus = visible_gpus() if gpus is None else gpus
-    wanted = profile.engine.tensor_parallel_size
     if gpus >= wanted:
         return None
     return (

@@ -19,9 +19,10 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
+from tenacity import RetryCallState, Retrying, retry_if_result, wait_fixed
 
 from kernels.receipt import read_receipts
 from service.engine.health import HealthWatch
@@ -219,8 +220,11 @@ class Engine:
         return self
 
     def _wait_healthy(self, process: subprocess.Popen[bytes], client: httpx.Client, began: float) -> None:
+        """Probe `/health` every _READY_POLL_S until it answers 200 (tenacity runs the loop); an
+        exit or `engine.startup_timeout_s` since `began` ends the wait with EngineStartError."""
         timeout_s = self.profile.engine.startup_timeout_s
-        while True:
+
+        def healthy() -> bool:
             returncode = process.poll()
             if returncode is not None:
                 raise EngineStartError(
@@ -231,19 +235,25 @@ class Engine:
                     log_tail=self.log_tail(),
                 )
             try:
-                if client.get("/health").status_code == 200:
-                    return
+                return client.get("/health").status_code == 200
             except httpx.HTTPError:
-                pass  # not listening yet
-            if time.monotonic() - began > timeout_s:
-                raise EngineStartError(
-                    f"vLLM server for model {self.profile.model!r} did not answer /health with 200 "
-                    f"within {timeout_s:.0f} s; raise engine.startup_timeout_s in profile "
-                    f"{self.profile.name!r} if the model is large, or read {self.log_path}",
-                    exit_code=None,
-                    log_tail=self.log_tail(),
-                )
-            time.sleep(_READY_POLL_S)
+                return False  # not listening yet
+
+        def timed_out(_: RetryCallState) -> NoReturn:
+            raise EngineStartError(
+                f"vLLM server for model {self.profile.model!r} did not answer /health with 200 "
+                f"within {timeout_s:.0f} s; raise engine.startup_timeout_s in profile "
+                f"{self.profile.name!r} if the model is large, or read {self.log_path}",
+                exit_code=None,
+                log_tail=self.log_tail(),
+            )
+
+        Retrying(
+            retry=retry_if_result(lambda ok: not ok),
+            stop=lambda _: time.monotonic() - began > timeout_s,
+            wait=wait_fixed(_READY_POLL_S),
+            retry_error_callback=timed_out,
+        )(healthy)
 
     def stop(self) -> None:
         """SIGTERM the server's group, SIGKILL after `engine.stop_grace_s`; idempotent."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 
+from service.numbers import format_number, format_signed
 from service.releases.schemas import NOT_RUN, MetricOutcome, ProfileRelease, ReleaseSummary
-from service.report import format_number
 
 _ESCAPED = {ord(c): "\\" + c for c in "\\`*_{}[]<>|#!&~$"}
 _LEADING_MARKER = re.compile(r"^(\d+)([.)])(?=\s|$)|^([-+=])")
@@ -24,15 +24,12 @@ def md(text: str) -> str:
     return _LEADING_MARKER.sub(lambda m: f"{m[1]}\\{m[2]}" if m[1] else f"\\{m[3]}", flat)
 
 
-def _signed(value: float) -> str:
-    return ("+" if value > 0 else "") + format_number(value)
-
-
 def _change(row: ProfileRelease, metric: MetricOutcome) -> str:
     if row.comparison is None:
         return md(row.previous_note) if row.previous_note else "—"
     parts = [
-        f"{format_number(c.previous)} → {format_number(c.current)} ({_signed(c.delta)}{', worse' if c.worse else ''})"
+        f"{format_number(c.previous)} → {format_number(c.current)} "
+        f"({format_signed(c.delta)}{', worse' if c.worse else ''})"
         for c in row.comparison.metrics
         if (c.arm, c.suite, c.metric) == (metric.arm, metric.suite, metric.metric)
     ]

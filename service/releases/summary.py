@@ -21,6 +21,7 @@ from sqlalchemy import ColumnElement, func, literal_column, select
 from sqlalchemy.orm import Session, load_only
 
 from service.db.models import Run, SuiteResult
+from service.numbers import format_number
 from service.profiles import Profile
 from service.releases.schemas import (
     NOT_RUN,
@@ -38,7 +39,6 @@ from service.releases.schemas import (
     ReleaseSummary,
     release_path,
 )
-from service.report import format_number
 from service.runs.compare import CompareError, SuiteDiff, arms_and_suites, diff_runs
 from service.runs.mutation import latest_matrix
 from service.runs.queries import label_is

@@ -13,6 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, load_only
 
 from service.db.models import Run, SuiteResult
+from service.numbers import format_metric, format_number
 from service.releases.schemas import release_path
 from service.releases.summary import DECIDED
 
@@ -50,11 +51,14 @@ def release_trends(session: Session, profile: str, key: str, last: int) -> dict[
                 "run_id": row.run_id,
                 "arm": row.arm,
                 "value": row.value,
+                "shown": format_metric(row.value, row.details),
                 "ci_low": row.ci_low,
                 "ci_high": row.ci_high,
                 "verdict": row.verdict or "none",
                 "baseline": row.baseline_value,
                 "threshold": row.threshold,
+                "baseline_shown": format_number(row.baseline_value),
+                "threshold_shown": format_number(row.threshold),
             }
         )
     return {"key": key, "releases": releases, "series": [series[k] for k in sorted(series)]}

@@ -3,9 +3,10 @@
 A service replica with `executor: ray` claims runs from the shared database as the local
 worker does, but one replica at a time and only once the run handed over before has started
 (so runs start in queue order), then hands each to the Ray cluster as a task that asks for the run's
-resources: `num_gpus = tensor_parallel_size`, or one CPU for the project's CPU fixture
-models. The task runs the same `pipeline.execute` as the local worker, so the engine, the
-suites, progress and results reach the shared database as they would on one host.
+resources: `num_gpus = tensor_parallel_size` for a profile with `engine.needs_gpu` (the rule
+the local executor refuses by, `service.engine.gpus.gpus_needed`), else one CPU. The task runs
+the same `pipeline.execute` as the local worker, so the engine, the suites, progress and
+results reach the shared database as they would on one host.
 
 The replica that claimed a run stays its owner (`runs.worker_id`). Ray ties a task to the
 driver that submitted it: if the replica dies, its tasks die with it, the orphan guard kills
@@ -30,9 +31,9 @@ from typing import Any
 from sqlalchemy import Select, func, select, text
 from sqlalchemy.orm import Session
 
-from evals.fixtures import PREFIX as FIXTURE_PREFIX
 from service.db.models import Run, RunEvent, utcnow
 from service.db.session import session_scope
+from service.engine.gpus import gpus_needed
 from service.private_files import keep_private
 from service.profiles import Profile
 from service.runs import pipeline, queue
@@ -55,16 +56,9 @@ CONNECT_ATTEMPTS = 3
 CONNECT_RETRY_S = 2.0
 
 
-def wants_gpu(profile: Profile) -> bool:
-    """The project's fixture models (`fixture:...`) are built to run on CPU; real models need GPUs."""
-    return not profile.model.startswith(FIXTURE_PREFIX)
-
-
 def task_resources(profile: Profile | None) -> dict[str, float]:
-    """What the run's task asks Ray for: one GPU per tensor-parallel rank, or one CPU."""
-    if profile is not None and wants_gpu(profile):
-        return {"num_cpus": 1, "num_gpus": profile.engine.tensor_parallel_size}
-    return {"num_cpus": 1, "num_gpus": 0}
+    """What the run's task asks Ray for: one CPU, and the GPUs its profile needs (`gpus_needed`)."""
+    return {"num_cpus": 1, "num_gpus": gpus_needed(profile) if profile is not None else 0}
 
 
 def unplaceable(resources: dict[str, float], nodes: list[dict[str, Any]]) -> str | None:

@@ -23,6 +23,7 @@ from service.db.models import Baseline as BaselineRow
 from service.db.models import Run, SuiteResult
 from service.db.models import Sample as SampleRow
 from service.db.session import session_scope
+from service.numbers import format_metric
 from service.profiles import Profile
 from service.runs import store
 
@@ -181,7 +182,10 @@ def score(
     verdict = run_verdict([j for _, j in judgements])
     prefix = (lambda arm: f"{arm}/") if len(arms) > 1 else (lambda arm: "")
     summary = (
-        "; ".join(f"{prefix(arm)}{j.suite}.{j.metric} {j.value:.4f}: {j.verdict}" for arm, j in judgements)
+        "; ".join(
+            f"{prefix(arm)}{j.suite}.{j.metric} {format_metric(j.value, j.details)}: {j.verdict}"
+            for arm, j in judgements
+        )
         or "no metrics were judged"
     )
     return verdict, f"{verdict}: {summary}"

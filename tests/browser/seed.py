@@ -20,6 +20,7 @@ from evals.verdict import Baseline, MetricJudgement, judge_accuracy, judge_wer, 
 from service.db.models import Baseline as BaselineRow
 from service.db.models import Run, utcnow
 from service.db.session import session_scope
+from service.numbers import format_metric
 from service.runs import store
 
 GSM8K = "kimi-linear-48b-a3b"
@@ -191,7 +192,7 @@ def _conclude(run: Run, judgements: list[MetricJudgement]) -> None:
     run.verdict = run_verdict(judgements)
     run.status = "failed" if run.verdict == "fail" else "passed"
     run.verdict_summary = f"{run.verdict}: " + "; ".join(
-        f"{j.suite}.{j.metric} {j.value:.4f}: {j.verdict}" for j in judgements
+        f"{j.suite}.{j.metric} {format_metric(j.value, j.details)}: {j.verdict}" for j in judgements
     )
 
 

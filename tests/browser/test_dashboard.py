@@ -13,6 +13,7 @@ from service.auth import Role
 from service.db.migrate import upgrade
 from service.db.models import Run
 from service.db.session import session_scope
+from service.numbers import format_number
 from service.runs import store
 from tests.browser.conftest import Dashboard, Shoot, start_dashboard
 from tests.browser.seed import FLIP_DOWN, FLIP_UP, GSM8K, GSM8K_BASELINE, WHISPER, WORSE_UTTERANCE, seed, set_progress
@@ -91,6 +92,8 @@ def test_trend_chart_draws_points_and_baseline(page: Page, dashboard: Dashboard,
     baseline = GSM8K_BASELINE.value
     assert baseline is not None and set(by_name["baseline"]["y"]) == {baseline}
     assert {round(y, 4) for y in by_name["pass line"]["y"]} == {round(baseline - GSM8K_BASELINE.tolerance, 4)}
+    hover_texts = chart.evaluate("el => el.data.find(t => t.name === 'baseline').text")
+    assert set(hover_texts) == {format_number(baseline)}  # hovers write numbers as every report does
     plotted = sorted(run_id for t in traces for run_id in t["ids"])
     assert plotted == sorted(s.gsm8k_points)
     assert by_name["fail"]["ids"] == [s.collapse]

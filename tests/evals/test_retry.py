@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -17,6 +19,7 @@ import pytest
 from tenacity import Retrying
 
 from evals import retry
+from evals.retry_after import MAX_RETRY_AFTER_S
 from service.alerting import webhooks
 from service.engine.launcher import free_port
 
@@ -92,6 +95,15 @@ def test_retry_after_sets_the_wait_and_backoff_is_capped(script: Script) -> None
     waits, outcome = _run_policy(script.url, attempts=5)
     assert waits == [7.0, 0.0, 4.0, 4.0]  # the server's word, then 2**n from base_s, capped at cap_s
     assert isinstance(outcome, retry.RetryableStatus) and outcome.response.status_code == 503
+
+
+def test_retry_after_as_an_http_date_sets_the_wait(script: Script) -> None:
+    """The date form, read by `evals.retry_after` as the CLI client reads it (one rule, one cap)."""
+    soon = format_datetime(datetime.now(UTC) + timedelta(seconds=30), usegmt=True)
+    script.answers = [(503, {"Retry-After": soon}), (503, {"Retry-After": "86400"})]
+    waits, outcome = _run_policy(script.url, attempts=3)
+    assert isinstance(outcome, httpx.Response) and outcome.status_code == 200
+    assert 25.0 <= waits[0] <= 30.0 and waits[1] == MAX_RETRY_AFTER_S
 
 
 def test_connection_errors_are_retried_until_attempts_run_out() -> None:

@@ -301,6 +301,34 @@ def test_engine_serves_and_records_version_and_models(gsm8k_engine: Engine) -> N
     assert {receipt["variant"] for receipt in receipts} == {gsm8k_engine.profile.kernels.variant}
 
 
+def _wait_for_stand_in(engine: Engine, command: str) -> EngineStartError:
+    """The launcher's wait for `/health` on a shell command started as the engine would be: a real
+    vLLM cannot be made to stay silent past a one-second startup timeout, or to exit at once, on cue."""
+    engine.run_dir.mkdir()
+    process = start_group(["/bin/sh", "-c", command], dict(os.environ), engine.log_path)
+    try:
+        with httpx.Client(base_url=engine.url, timeout=1.0) as client, pytest.raises(EngineStartError) as caught:
+            engine._wait_healthy(process, client, time.monotonic())
+    finally:
+        stop_group(process, grace_s=1.0)
+    return caught.value
+
+
+def test_the_wait_for_health_gives_up_at_the_startup_timeout(make_profile: MakeProfile, tmp_path: Path) -> None:
+    profile = make_profile("m", name="silent", engine={"startup_timeout_s": 1.0})
+    began = time.monotonic()
+    error = _wait_for_stand_in(Engine(profile, tmp_path / "run"), "exec sleep 60")
+    assert 1.0 < time.monotonic() - began < 10 and error.exit_code is None
+    said = "did not answer /health with 200 within 1 s; raise engine.startup_timeout_s in profile 'silent'"
+    assert said in str(error), str(error)
+
+
+def test_the_wait_for_health_names_an_exit(make_profile: MakeProfile, tmp_path: Path) -> None:
+    error = _wait_for_stand_in(Engine(make_profile("m", name="exits"), tmp_path / "run"), "echo gone; exit 3")
+    assert error.exit_code == 3 and "gone" in error.log_tail
+    assert "exited with code 3" in str(error) and "before /health answered" in str(error), str(error)
+
+
 @pytest.mark.engine
 def test_bad_model_path_fails_fast_with_the_cause(
     make_profile: MakeProfile, offline_env: dict[str, str], tmp_path: Path

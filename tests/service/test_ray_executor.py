@@ -32,7 +32,9 @@ from service.auth import Role, create_token
 from service.db.migrate import upgrade
 from service.db.models import Run, RunEvent, SuiteResult
 from service.db.session import session_scope
+from service.engine.gpus import refusal
 from service.engine.process_group import group_members
+from service.profiles import load_profiles
 from service.runs import queue
 from service.runs.orphan_guard import POLL_S, OrphanGuard
 from service.runs.ray_executor import (
@@ -140,11 +142,23 @@ def test_the_guard_leaves_engines_alone_when_the_block_ends_normally() -> None:
 
 
 def test_gpu_profiles_ask_for_their_tensor_parallel_size(make_profile: MakeProfile) -> None:
-    big = make_profile("org/Kimi-Linear-48B-A3B-Instruct", engine={"tensor_parallel_size": 4})
+    big = make_profile("org/Kimi-Linear-48B-A3B-Instruct", engine={"tensor_parallel_size": 4, "needs_gpu": True})
     tiny = make_profile("fixture:gsm8k-tiny")
     assert task_resources(big) == {"num_cpus": 1, "num_gpus": 4}
     assert task_resources(tiny) == {"num_cpus": 1, "num_gpus": 0}
     assert task_resources(None) == {"num_cpus": 1, "num_gpus": 0}
+
+
+def test_shipped_profiles_ask_ray_for_the_gpus_the_local_executor_refuses_without() -> None:
+    """engine.needs_gpu decides for both executors: the fixture model's GPU profiles (model
+    `fixture:...`) ask Ray for their tensor-parallel size, the CPU ones for no GPU."""
+    shipped = load_profiles(PACKAGED_PROFILES)
+    assert task_resources(shipped["gsm8k-tiny-tp2-gpu"]) == {"num_cpus": 1, "num_gpus": 2}
+    assert task_resources(shipped["gsm8k-tiny-cpu"]) == {"num_cpus": 1, "num_gpus": 0}
+    for name, profile in shipped.items():
+        wanted = profile.engine.tensor_parallel_size if name.endswith("-gpu") or profile.engine.needs_gpu else 0
+        assert task_resources(profile)["num_gpus"] == wanted, name
+        assert (refusal(profile, gpus=0) is not None) == (wanted > 0), name
 
 
 def test_gpus_must_be_on_one_node() -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from service.report import cli_console, format_number, metric_value, print_run, write_junit
+from service.numbers import format_number
+from service.report import cli_console, metric_value, print_run, write_junit
 from service.schemas import RunDetail
 
 METRIC = "exact_match,strict-match-then-flexible-extract-fallback"  # a long name: the row is over 150 wide

@@ -55,6 +55,21 @@ def test_admin_api_lists_creates_and_revokes_tokens(service: LiveService) -> Non
     assert httpx.post(f"{service.url}/api/v1/tokens/999999/revoke", headers=admin).status_code == 404
 
 
+def test_the_api_takes_a_lifetime_as_the_cli_writes_it(service: LiveService) -> None:
+    """`expires_in` reads durations as `--expires-in` does (service.durations), naming a bad value."""
+    admin = bearer(service.token(Role.ADMIN, "duration-admin"))
+    url = f"{service.url}/api/v1/tokens"
+    made = httpx.post(url, json={"name": "half-day", "role": "ci", "expires_in": "12h"}, headers=admin)
+    assert made.status_code == 201, made.text
+    expires_at = _row(service, "half-day").expires_at
+    assert expires_at is not None and abs(expires_at - utcnow() - timedelta(hours=12)) < timedelta(minutes=5)
+    bad = httpx.post(url, json={"name": "never", "role": "ci", "expires_in": "soon"}, headers=admin)
+    assert bad.status_code == 422 and "expires_in 'soon' is not a duration" in bad.text, bad.text
+    twice = {"name": "never", "role": "ci", "expires_in": "1d", "expires_in_days": 1}
+    both = httpx.post(url, json=twice, headers=admin)
+    assert both.status_code == 422 and "not both" in both.text, both.text
+
+
 def test_an_expired_token_gets_401(service: LiveService) -> None:
     with session_scope(service.database_url) as session:
         expired = create_token(session, "old-ci", Role.CI, expires_at=utcnow() + timedelta(hours=1))
@@ -87,7 +102,7 @@ def test_cli_lists_and_revokes_tokens(service: LiveService, monkeypatch: pytest.
         assert httpx.get(f"{service.url}/api/v1/runs", headers=bearer(secret)).status_code == 401
         assert "\treader-cli\tviewer\trevoked\t" in runner.invoke(app, ["tokens", "list"]).output
         bad = runner.invoke(app, ["tokens", "create", "--role", "ci", "--expires-in", "soon"])
-        assert bad.exit_code != 0 and "90d" in bad.output
+        assert bad.exit_code != 0 and "'soon' is not a duration" in bad.output and "90d" in bad.output
     finally:
         get_settings.cache_clear()
 

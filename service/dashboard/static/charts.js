@@ -23,20 +23,27 @@
     const xs = withBand.map(xOf);
     const base = withBand.map((p) => p.baseline);
     const pass = withBand.map((p) => p.threshold);
-    if (s.current) {  // the run charts only: extend the band to today
-      const first = s.points.length ? s.points[0].at : new Date().toISOString();
-      if (!xs.length) { xs.push(first); base.push(s.current.value); pass.push(s.current.threshold); }
-      xs.push(new Date().toISOString());
+    // hovers show the numbers as the server's reports write them (service.numbers)
+    const baseText = withBand.map((p) => p.baseline_shown);
+    const passText = withBand.map((p) => p.threshold_shown);
+    const extend = (x) => {
+      xs.push(x);
       base.push(s.current.value);
       pass.push(s.current.threshold);
+      baseText.push(s.current.value_shown);
+      passText.push(s.current.threshold_shown);
+    };
+    if (s.current) {  // the run charts only: extend the band to today
+      if (!xs.length) extend(s.points.length ? s.points[0].at : new Date().toISOString());
+      extend(new Date().toISOString());
     }
     if (!xs.length) return [];
     const line = { shape: "hv", width: 1.5 };
     return [
-      { name: "pass line", x: xs, y: pass, mode: "lines", line: { ...line, color: "#bf8700", dash: "dot" },
-        hovertemplate: "pass line %{y:.4f}<extra></extra>" },
-      { name: "baseline", x: xs, y: base, mode: "lines", line: { ...line, color: "#57606a" },
-        fill: "tonexty", fillcolor: "rgba(191,135,0,0.12)", hovertemplate: "baseline %{y:.4f}<extra></extra>" },
+      { name: "pass line", x: xs, y: pass, text: passText, mode: "lines", line: { ...line, color: "#bf8700", dash: "dot" },
+        hovertemplate: "pass line %{text}<extra></extra>" },
+      { name: "baseline", x: xs, y: base, text: baseText, mode: "lines", line: { ...line, color: "#57606a" },
+        fill: "tonexty", fillcolor: "rgba(191,135,0,0.12)", hovertemplate: "baseline %{text}<extra></extra>" },
     ];
   }
 
@@ -52,7 +59,9 @@
       x: pts.map(xOf),
       y: pts.map((p) => p.value),
       customdata: pts.map((p) => p.link || p.run_id),  // a run's id, or a release's page
-      text: pts.map((p) => escapeHtml(`run #${p.run_id}${arms.size > 1 ? ` arm ${p.arm}` : ""}${p.git_sha ? ` @ ${p.git_sha}` : ""}`)),
+      // the value as the server's reports write it (service.numbers): a KL of 4e-06 is not 0.0000
+      text: pts.map((p) => escapeHtml(`run #${p.run_id}${arms.size > 1 ? ` arm ${p.arm}` : ""}${p.git_sha ? ` @ ${p.git_sha}` : ""}`)
+        + `<br>${escapeHtml(p.shown)}`),
       mode: "markers",
       marker: { color: COLOURS[verdict] || COLOURS.none, size: 9, symbol: pts.map((p) => (p.arm === [...arms][0] ? "circle" : "diamond")) },
       error_y: {
@@ -60,7 +69,7 @@
         array: pts.map((p) => (p.ci_high === null ? 0 : p.ci_high - p.value)),
         arrayminus: pts.map((p) => (p.ci_low === null ? 0 : p.value - p.ci_low)),
       },
-      hovertemplate: `%{text}<br>%{y:.4f} (${verdict.replaceAll("_", " ")})<br>%{x}<extra></extra>`,
+      hovertemplate: `%{text} (${verdict.replaceAll("_", " ")})<br>%{x}<extra></extra>`,
     }));
   }
 
