@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from service.report import format_number
+from service.numbers import format_number
 
 Check = Callable[[dict[str, Any]], list[str]]
 
