@@ -198,3 +198,21 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         url = _fresh_postgres_database(server)
     upgrade(url)
     return url
+
+
+def answer_through(
+    answers: list[httpx.Response], monkeypatch: pytest.MonkeyPatch, method: str = "POST"
+) -> tuple[httpx.Response | None, list[float]]:
+    """`kvcanary submit`'s answer loop over these replies in turn (a fake transport: a real
+    service cannot be made to answer 429, 502 or 503 on a chosen request): its final response
+    and the waits it took, with no real sleep."""
+    from service.cli import _answer, _Silence
+
+    waits: list[float] = []
+    monkeypatch.setattr("service.cli.time.sleep", waits.append)
+    transport = httpx.MockTransport(lambda request: answers.pop(0))
+    with httpx.Client(base_url="http://kvcanary", transport=transport) as client:
+        response = _answer(
+            lambda: client.request(method, "/api/v1/runs"), _Silence(poll=2.0, give_up_s=60.0, deadline=float("inf"))
+        )
+    return response, waits

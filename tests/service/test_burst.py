@@ -11,8 +11,7 @@ import httpx
 import pytest
 
 from service.auth import Role
-from service.cli import _answer, _Silence
-from tests.service.conftest import StartService
+from tests.service.conftest import StartService, answer_through
 
 PROFILE = "kimi-linear-48b-a3b"
 
@@ -82,12 +81,6 @@ def test_submit_waits_the_retry_after_it_is_given(monkeypatch: pytest.MonkeyPatc
         httpx.Response(503, text="no upstream"),
         httpx.Response(201, json={"id": 7}),
     ]
-    waits: list[float] = []
-    monkeypatch.setattr("service.cli.time.sleep", waits.append)
-    transport = httpx.MockTransport(lambda request: answers.pop(0))
-    with httpx.Client(base_url="http://kvcanary", transport=transport) as client:
-        response = _answer(
-            lambda: client.request(method, "/api/v1/runs"), _Silence(poll=2.0, give_up_s=60.0, deadline=float("inf"))
-        )
+    response, waits = answer_through(answers, monkeypatch, method)
     assert response is not None and response.status_code == 201
     assert waits == [3.0, 1.0, 2.0, 2.0]

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from evals.retry_after import MAX_RETRY_AFTER_S, retry_after_s
-from service.cli import _answer, _Silence
+from tests.service.conftest import answer_through
 
 NOW = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
 
@@ -50,12 +50,6 @@ def test_submit_waits_a_retry_after_given_as_a_date(monkeypatch: pytest.MonkeyPa
         httpx.Response(429, json={"detail": "slow down"}),
         httpx.Response(201, json={"id": 7}),
     ]
-    waits: list[float] = []
-    monkeypatch.setattr("service.cli.time.sleep", waits.append)
-    transport = httpx.MockTransport(lambda request: answers.pop(0))
-    with httpx.Client(base_url="http://kvcanary", transport=transport) as client:
-        response = _answer(
-            lambda: client.post("/api/v1/runs"), _Silence(poll=2.0, give_up_s=60.0, deadline=float("inf"))
-        )
+    response, waits = answer_through(answers, monkeypatch)
     assert response is not None and response.status_code == 201
     assert 25.0 <= waits[0] <= 30.0 and waits[1:] == [MAX_RETRY_AFTER_S, 5.0]
