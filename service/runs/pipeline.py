@@ -8,6 +8,7 @@ the arm's overrides in place; suites of an arm share that engine.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -33,6 +34,8 @@ from service.runs import scoring, store
 from service.runs.state import Status, transition
 from service.settings import Settings
 
+log = logging.getLogger(__name__)
+
 PROGRESS_WRITE_INTERVAL_S = 1.0
 LOG_TAIL_CHARS = 20_000
 
@@ -56,14 +59,23 @@ class _Watcher:
 
     def _loop(self) -> None:
         while not self.done.wait(1.0):
-            with session_scope(self.url) as session:
-                run = session.get(Run, self.run_id)
-                if run is None:
+            try:
+                if not self._beat():
                     return
-                run.heartbeat_at = utcnow()
-                if run.cancel_requested:
-                    self.cancelled.set()
-                    self.stop_event.set()
+            except Exception:  # a dropped connection must not end the heartbeat for good
+                log.exception("run %d: heartbeat failed; trying again", self.run_id)
+
+    def _beat(self) -> bool:
+        """One heartbeat; False once the run row is gone."""
+        with session_scope(self.url) as session:
+            run = session.get(Run, self.run_id)
+            if run is None:
+                return False
+            run.heartbeat_at = utcnow()
+            if run.cancel_requested:
+                self.cancelled.set()
+                self.stop_event.set()
+        return True
 
 
 @dataclass

@@ -87,15 +87,17 @@ def claim_next(session: Session, worker_id: str, run_id: int | None = None) -> R
     return run
 
 
-def _owner_gone(run: Run, host: str, stale_after_s: float) -> bool:
-    """A worker on this host whose process is gone, or any worker silent for too long."""
+def _why_gone(run: Run, host: str, stale_after_s: float) -> str | None:
+    """Why the run's worker counts as gone (its process ended on this host, or it has been silent
+    for too long anywhere), or None while it lives."""
     owner_host, _, rest = (run.worker_id or "").partition(":")
     pid = rest.partition(":")[0]
     if owner_host == host and pid.isdigit() and not psutil.pid_exists(int(pid)):
-        return True
+        return f"its process {pid} is gone"
     if run.heartbeat_at is None:
-        return True
-    return (utcnow() - run.heartbeat_at).total_seconds() > stale_after_s
+        return "it never sent a heartbeat"
+    silent_s = (utcnow() - run.heartbeat_at).total_seconds()
+    return f"no heartbeat for {silent_s:.0f} s" if silent_s > stale_after_s else None
 
 
 def interrupt(session: Session, run: Run, note: str) -> None:
@@ -117,9 +119,10 @@ def recover(session: Session, *, host: str, stale_after_s: float) -> list[int]:
     active = session.scalars(select(Run).where(Run.status.in_([s.value for s in ACTIVE]))).all()
     recovered = []
     for run in active:
-        if not _owner_gone(run, host, stale_after_s):
+        why = _why_gone(run, host, stale_after_s)
+        if why is None:
             continue
-        interrupt(session, run, f"worker {run.worker_id} stopped during the run")
+        interrupt(session, run, f"worker {run.worker_id} stopped during the run ({why})")
         recovered.append(run.id)
     return recovered
 

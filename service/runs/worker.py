@@ -22,7 +22,7 @@ from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
-STALE_AFTER_S = 30.0
+STALE_AFTER_S = 90.0  # heartbeats come every second; a loaded host can starve one for a while
 
 
 def new_worker_id() -> str:

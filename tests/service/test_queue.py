@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from evals.suites.base import Sample
-from service.db.models import Run, RunEvent
+from service.db.migrate import upgrade
+from service.db.models import Run, RunEvent, utcnow
 from service.db.session import session_scope
 from service.runs import queue, store
+from service.runs.pipeline import _Watcher
 from service.runs.state import ALLOWED, InvalidTransition, Status, transition
 
 
@@ -92,6 +101,55 @@ def test_recover_requeues_runs_of_a_dead_worker_until_attempts_run_out(db: str) 
         run = session.get(Run, run_id)
         assert run is not None
         assert run.status == Status.ERROR.value and "interrupted 2 times" in run.error
+        notes = session.scalars(select(RunEvent.message).where(RunEvent.kind == "status:interrupted")).all()
+        assert notes and all("(its process 999999999 is gone)" in note for note in notes), notes
+
+
+def test_recover_names_the_silence_of_a_worker_on_another_host(db: str) -> None:
+    [run_id] = _enqueue(db)
+    with session_scope(db) as session:
+        run = queue.claim_next(session, "elsewhere:1:x")
+        assert run is not None
+        run.heartbeat_at = utcnow() - timedelta(seconds=120)
+    with session_scope(db) as session:
+        assert queue.recover(session, host="here", stale_after_s=200) == []
+        assert queue.recover(session, host="here", stale_after_s=90) == [run_id]
+        note = session.scalars(select(RunEvent.message).where(RunEvent.kind == "status:interrupted")).one()
+        assert note.startswith("worker elsewhere:1:x stopped during the run (no heartbeat for 12"), note
+
+
+def test_the_heartbeat_outlives_a_database_it_could_not_reach_for_a_while(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SQLite's own error for a folder that is not there yet stands in for a database that is down."""
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    upgrade(f"sqlite:///{ready / 'kv.db'}")
+    [run_id] = _enqueue(f"sqlite:///{ready / 'kv.db'}")
+    later = tmp_path / "later"
+    url = f"sqlite:///{later / 'kv.db'}"
+    watcher = _Watcher(url, run_id, threading.Event())
+    with caplog.at_level(logging.ERROR, logger="service.runs.pipeline"):
+        watcher.start()
+        try:
+            _until(lambda: "heartbeat failed" in caplog.text)
+            ready.rename(later)
+
+            def beaten() -> bool:
+                with session_scope(url) as session:
+                    run = session.get(Run, run_id)
+                    return run is not None and run.heartbeat_at is not None
+
+            _until(beaten)
+        finally:
+            watcher.done.set()
+
+
+def _until(check: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
 
 
 def test_recover_leaves_live_workers_alone(db: str) -> None:

@@ -513,7 +513,7 @@ def test_two_replicas_run_each_queued_run_once_on_the_worker_node(
         events = pair.events(run.id)
         kinds = [kind for kind, _ in events]
         assert run.status in {"passed", "failed"}, (run.id, run.status, run.error, pair.logs())
-        assert run.attempt == 1 and kinds.count("status:starting_engine") == 1, events
+        assert run.attempt == 1 and kinds.count("status:starting_engine") == 1, (events, pair.logs())
         started = [message for kind, message in events if kind == STARTED_EVENT]
         assert len(started) == 1 and worker_node in started[0], events
         assert run.engine["fixed"]["version"], run.engine
