@@ -60,7 +60,8 @@ def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, fl
     scale = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / scale
     half = z / scale * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # The interval holds p; at k = 0 or n rounding can leave its bound a hair short of it.
+    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))
 
 
 def _as_arrays(*columns: Counts) -> list[npt.NDArray[np.float64]]:

@@ -32,6 +32,16 @@ def test_wilson_matches_newcombe(k: int, n: int, low: float, high: float) -> Non
     assert got == pytest.approx((low, high), abs=5e-5)
 
 
+def test_wilson_holds_the_estimate_at_every_count_including_all_and_none() -> None:
+    """At k = n the upper bound is 1 exactly; computed naively it came out 0.9999999999999998 for
+    n = 60 (a gate run's interval that missed its own score)."""
+    for n in range(1, 401):
+        for k in range(n + 1):
+            low, high = wilson_interval(k, n)
+            assert 0.0 <= low <= k / n <= high <= 1.0, (k, n, low, high)
+        assert wilson_interval(n, n)[1] == 1.0 and wilson_interval(0, n)[0] == 0.0
+
+
 def test_wilson_is_narrower_at_lower_confidence_and_stays_in_unit_interval() -> None:
     assert wilson_interval(20, 20)[1] == 1.0
     wide, narrow = wilson_interval(10, 40, 0.99), wilson_interval(10, 40, 0.90)
