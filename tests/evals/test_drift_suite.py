@@ -27,7 +27,7 @@ from service.engine import Engine
 from service.report import write_junit
 from service.runs import queries
 from service.runs.compare import diff_runs
-from tests.conftest import MakeProfile, execute_queued
+from tests.conftest import CanaryEngine, MakeProfile, execute_queued
 
 pytestmark = pytest.mark.engine
 
@@ -90,18 +90,6 @@ def degraded_engine(
         yield engine
 
 
-@pytest.fixture(scope="module")
-def canary_engine(
-    tmp_path_factory: pytest.TempPathFactory, offline_env: dict[str, str], make_profile: MakeProfile
-) -> Iterator[Engine]:
-    """A fresh engine under `nan_kv_tail`: its KV tail holds NaN until requests overwrite blocks."""
-    from evals.fixtures.gsm8k_model import model_dir
-
-    profile = make_profile(model_dir(), name="gsm8k-fixture", kernels={"variant": "fixed", "canaries": ["nan_kv_tail"]})
-    with Engine(profile, tmp_path_factory.mktemp("canary-engine"), base_env=offline_env) as engine:
-        yield engine
-
-
 def test_reference_stores_both_passes_and_edge_lengths(reference: dict[str, Sample]) -> None:
     edges = [key for key in reference if key.startswith("edge-")]
     assert len(reference) == PROMPTS + len(edges) and len(edges) >= 3
@@ -144,8 +132,12 @@ def test_degraded_model_fails_naming_kl_and_first_divergences(
     assert judgement.details["kl_ci_low"] > judgement.details["tolerance"]  # type: ignore[operator]
 
 
-def test_nan_kv_tail_canary_fails_the_run(canary_engine: Engine, reference: dict[str, Sample], tmp_path: Path) -> None:
-    judgement = _judge(reference, _run(canary_engine, tmp_path, reference))
+def test_nan_kv_tail_canary_fails_the_run(
+    canary_engine: CanaryEngine, reference: dict[str, Sample], tmp_path: Path
+) -> None:
+    """The process's canary engine (nan_kv_tail: its KV tail holds NaN until requests overwrite
+    blocks; and high_block_ids), shared with the plugin and launcher tests where they run here."""
+    judgement = _judge(reference, _run(canary_engine(), tmp_path, reference))
     assert judgement.verdict == "fail", judgement.explanation
     assert "non-finite logprobs" in judgement.explanation or "breaks significantly" in judgement.explanation
 
