@@ -3,7 +3,9 @@
 The same function serves the service's worker, `kvcanary run` and the Ray executor, so a
 run behaves identically wherever it executes. Each arm of a run (a kernel variant plus engine
 overrides: one, or several for an A/B run) has its own engine, started from the profile with
-the arm's overrides in place; suites of an arm share that engine.
+the arm's overrides in place; suites of an arm share that engine. The profile is the one the
+run stored when it was triggered (`service.runs.admission.executed_profile`), not the YAML as
+it reads now.
 """
 
 from __future__ import annotations

@@ -97,6 +97,8 @@ def test_a_queued_run_executes_the_profile_it_was_triggered_with_after_its_yaml_
         _edit(path, {"kernels": {"variant": "legacy"}, "max_attempts": 1})
         again = client.get(f"/api/v1/runs/{detail.id}", headers=bearer(token)).json()
         assert again["profile_snapshot"] == detail.profile_snapshot and again["profile_digest"] == detail.profile_digest
+        page = client.get(f"/runs/{detail.id}")
+        assert page.status_code == 200 and detail.profile_digest in page.text and '"limit": 3' in page.text
     edited = configured_profiles(settings)  # what a worker started after the edit reads
     assert edited[CPU].kernels.variant == "legacy"
     with session_scope(settings.resolved_database_url()) as session:
