@@ -114,5 +114,8 @@ def executed_profile(run: Run, profiles: Mapping[str, Profile], gpus: int | None
             ) from exc
         return fitted(stored, on_this_host=True, gpus=gpus)
     if run.profile not in profiles:
-        raise RunRefused(f"profile {run.profile!r} is no longer in the profiles folder")
+        raise RunRefused(
+            f"profile {run.profile!r} is no longer in the profiles folder, and run {run.id} was queued before runs "
+            "kept their profile; restore the file or trigger a new run"
+        )
     return fitted(profiles[run.profile], RunOverrides.model_validate(run.overrides), on_this_host=True, gpus=gpus)
