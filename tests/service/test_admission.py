@@ -184,3 +184,15 @@ def test_runs_queued_before_0009_keep_no_snapshot_and_execute_their_profile_by_n
         )  # fmt: skip
         session.flush()
         assert Profile.model_validate(new.profile_snapshot) == packaged[CPU]
+
+
+def test_every_shipped_profile_reads_back_from_its_snapshot() -> None:
+    """The snapshot is what a queued run executes: every profile the service ships (YAML and
+    vLLM config files alike) must come back from its stored JSON as the same profile."""
+    from service.runs.admission import snapshot_of
+    from service.settings import PACKAGED_PROFILES
+
+    profiles = load_profiles(PACKAGED_PROFILES)
+    assert len(profiles) > 10
+    for name, profile in profiles.items():
+        assert Profile.model_validate(snapshot_of(profile)) == profile, name
