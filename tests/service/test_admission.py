@@ -5,7 +5,6 @@ Real SQLite (and PostgreSQL where a server is up), the real API in-process; no e
 
 from __future__ import annotations
 
-import os
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,7 +27,7 @@ from service.runs import pipeline, queue
 from service.runs.admission import RunRefused, admit, digest, executed_profile, fitted
 from service.schemas import RunDetail
 from service.settings import PACKAGED_PROFILES, Settings
-from tests.service.conftest import _fresh_postgres_database, bearer
+from tests.service.conftest import bearer
 
 CPU, GPU = "gsm8k-tiny-cpu", "gsm8k-tiny-gpu"
 
@@ -139,16 +138,6 @@ def test_the_pipeline_refuses_a_snapshot_this_host_cannot_run_though_the_file_no
 
 # migration 0009
 
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """An empty database, not yet migrated: a SQLite file, and (where a server is up) PostgreSQL."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'old.db'}"
-    server = os.environ.get("KVCANARY_TEST_POSTGRES_URL")
-    if not server:
-        pytest.skip("no PostgreSQL server: scripts/test.sh starts one (KVCANARY_TEST_POSTGRES_URL)")
-    return _fresh_postgres_database(server)
 
 
 def test_runs_queued_before_0009_keep_no_snapshot_and_execute_their_profile_by_name(
