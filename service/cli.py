@@ -419,9 +419,8 @@ def _answer(send: Callable[[], httpx.Response], silence: _Silence) -> httpx.Resp
     Retry-After in seconds or as a date, read by `evals.retry_after`), wait what it names and
     send again until the deadline (then its busy answer is returned); while it does not answer
     (refused, timed out, 502-504 from a proxy: a restart, which runs survive), send again every
-    poll until a limit, None after that. A POST
-    carries the call's Idempotency-Key, so one that reached the service before its answer was
-    lost queues nothing twice."""
+    poll until a limit, None after that. A POST carries the call's Idempotency-Key, so one that
+    reached the service before its answer was lost queues nothing twice."""
     while True:
         try:
             response = send()
