@@ -295,14 +295,13 @@ def run(
 ) -> None:
     """Run one profile here, without the service: engine, suites, verdict, a result table."""
     from service import baselines
-    from service.arms import plan
     from service.db.models import Run
     from service.db.session import session_scope
-    from service.engine import gpus
     from service.private_files import keep_private
     from service.profile_catalog import configured_profiles
-    from service.profiles import ArmSpec, ProfileError, RunOverrides, apply_overrides
+    from service.profiles import ArmSpec, ProfileError, RunOverrides
     from service.runs import pipeline, queries, queue
+    from service.runs.admission import admit
     from service.runs.worker import new_worker_id
     from service.settings import get_settings
 
@@ -320,16 +319,11 @@ def run(
         raise typer.Exit(EXIT_ERROR)
     try:
         overrides = RunOverrides.model_validate({"limit": limit, "kernel_variant": variant})
-        apply_overrides(profiles[profile], overrides)
         arms = [ArmSpec.model_validate(name) for name in _compare(compare)] if compare else None
-        planned = plan(profiles[profile], overrides, arms, _expect(expect) if expect else None)
-    except ValueError as exc:
+        admitted = admit(profiles[profile], overrides, arms, _expect(expect) if expect else None, on_this_host=True)
+    except ValueError as exc:  # RunRefused, and the options' own validation errors
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(EXIT_ERROR) from exc
-    unfit = gpus.refusal(profiles[profile])
-    if unfit is not None:
-        console.print(f"[red]{unfit}[/red]")
-        raise typer.Exit(EXIT_ERROR)
     worker_id = new_worker_id()
     with session_scope(url) as session:
         baselines.seed_from_profiles(session, profiles)
@@ -340,9 +334,10 @@ def run(
             triggered_by=os.environ.get("USER", "cli"),
             labels=labels,
             overrides=overrides.model_dump(exclude_none=True),
-            arms=planned.stored_arms(),
-            expect=planned.expect,
+            arms=admitted.plan.stored_arms(),
+            expect=admitted.plan.expect,
             max_attempts=1,
+            profile_snapshot=admitted.snapshot(),
         )
         session.flush()
         run_id = queued.id
@@ -626,10 +621,10 @@ def _mutants_here(
     names: list[str], chosen: list[str], batch: str, labels: dict[str, str], show: bool
 ) -> list[MutationMatrix]:
     from service.db.session import session_scope
-    from service.engine import gpus
     from service.profile_catalog import configured_profiles
     from service.profiles import ProfileError
     from service.runs import mutation_batch
+    from service.runs.admission import RunRefused, fitted
     from service.runs.mutation import latest_matrix
     from service.settings import get_settings
 
@@ -647,9 +642,11 @@ def _mutants_here(
     if show:
         with session_scope(_prepared_db(), write=False) as session:
             return [latest_matrix(session, p.name, [e.suite for e in p.suites]) for p in selected]
-    unfit = next((reason for p in selected if (reason := gpus.refusal(p)) is not None), None)
-    if unfit is not None:
-        console.print(f"[red]{unfit}[/red]")
-        raise typer.Exit(EXIT_ERROR)
+    try:
+        for chosen_profile in selected:
+            fitted(chosen_profile, on_this_host=True)
+    except RunRefused as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(EXIT_ERROR) from exc
     by = os.environ.get("USER", "cli")
     return mutation_batch.run_here(settings, profiles, selected, chosen, batch, labels, by, console.print)

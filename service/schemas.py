@@ -16,6 +16,7 @@ from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field,
 from service.arms import describe_outcome
 from service.durations import EXAMPLES, parse_duration
 from service.profiles import NAME_PATTERN, ArmSpec, Expectation, Profile, RunOverrides
+from service.runs.admission import digest
 from service.text import storable, text_problem
 
 if TYPE_CHECKING:  # the client parses these documents without the server's database layer
@@ -217,6 +218,13 @@ class RunDetail(RunSummary):
     error: str
     max_attempts: int
     overrides: dict[str, Any]
+    profile_digest: str | None = Field(
+        None, description="Digest of the profile as resolved when the run was triggered; equal digests, equal profiles"
+    )
+    profile_snapshot: dict[str, Any] | None = Field(
+        None, description="The profile as resolved when the run was triggered (overrides in place), which it executes; "
+        "null for runs queued before snapshots were stored, which executed the profile's file"
+    )
     engine: dict[str, Any] = Field(description="Per arm: vLLM version, models, GPU, injection receipts")
     timings: dict[str, Any]
     metrics: list[MetricOut]
@@ -234,6 +242,8 @@ class RunDetail(RunSummary):
             error=run.error,
             max_attempts=run.max_attempts,
             overrides=run.overrides or {},
+            profile_digest=digest(run.profile_snapshot) if run.profile_snapshot is not None else None,
+            profile_snapshot=run.profile_snapshot,
             engine=run.engine or {},
             timings=run.timings or {},
             metrics=[MetricOut.of(r) for r in results],

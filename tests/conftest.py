@@ -53,22 +53,26 @@ def execute_queued(
     monkeypatch: pytest.MonkeyPatch,
     overrides: dict[str, Any] | None = None,
 ) -> tuple[str, str, int]:
-    """Queue a run of `profile` with these arms (names, control first) on a fresh database, claim
-    it and execute it through the pipeline here, as a worker does; returns (final status,
-    database URL, run id). The pipeline's engines inherit this process's offline environment."""
+    """Queue a run of `profile` with these arms (names, control first) on a fresh database, as a
+    trigger does (the profile with the overrides in place stored with the run), claim it and
+    execute it through the pipeline here, as a worker does; returns (final status, database URL,
+    run id). The pipeline's engines inherit this process's offline environment."""
     from service.db.migrate import upgrade
     from service.db.session import session_scope
-    from service.profiles import ArmSpec
+    from service.profiles import ArmSpec, RunOverrides
     from service.runs import pipeline, queue
+    from service.runs.admission import fitted, snapshot_of
     from service.settings import Settings
 
     settings = Settings(data_dir=tmp_path / "data", profiles_dir=tmp_path / "profiles", start_worker=False)
     url = settings.resolved_database_url()
     upgrade(url)
+    applied = overrides or {}
     with session_scope(url) as session:
         run, _ = queue.enqueue(
-            session, profile=profile.name, trigger="ci", triggered_by="test", labels={}, overrides=overrides or {},
+            session, profile=profile.name, trigger="ci", triggered_by="test", labels={}, overrides=applied,
             arms=[ArmSpec.model_validate(name).stored() for name in arms], max_attempts=1,
+            profile_snapshot=snapshot_of(fitted(profile, RunOverrides.model_validate(applied), on_this_host=False)),
         )  # fmt: skip
         session.flush()
         run_id = run.id

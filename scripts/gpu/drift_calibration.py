@@ -103,7 +103,7 @@ class Fixture:
     def serve(self, tag: str, variant: str, dtype: str | None, work: Any) -> tuple[Any, str]:
         """`work(engine)` on a fresh engine of the arm; (its result, "") or (None, why it could not run)."""
         try:
-            served = resolve_profile(arm_profile(self.profile, variant, dtype), {})  # `fixture:` references built
+            served = resolve_profile(arm_profile(self.profile, variant, dtype))  # `fixture:` references built
             with Engine(served, self.out / tag / "engine", base_env=os.environ) as e:
                 return work(e), ""
         except Exception as exc:  # an arm that cannot run is a row that says so, not the end of the table

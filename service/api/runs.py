@@ -22,12 +22,10 @@ from service.api.deps import (
     run_or_404,
 )
 from service.api.errors import Problem, documented, not_found, unprocessable
-from service.arms import plan
 from service.db.models import ARM_NAME_MAX, Run
-from service.engine.gpus import refusal
-from service.profiles import ProfileError, apply_overrides
 from service.roles import Role
 from service.runs import queries, queue, removal
+from service.runs.admission import RunRefused, admit, engines_start_here
 from service.schemas import (
     LABEL_KEY,
     MAX_LABEL_FILTERS,
@@ -83,25 +81,18 @@ def create_run(
     if profile is None:
         raise not_found(f"unknown profile {body.profile!r}; known profiles: {', '.join(sorted(profiles))}")
     try:
-        apply_overrides(profile, body.overrides)
-    except (ProfileError, ValueError) as exc:
-        raise unprocessable(f"overrides: {exc}") from exc
-    try:
-        planned = plan(profile, body.overrides, body.compare, body.expect)
-    except ProfileError as exc:
+        admitted = admit(
+            profile, body.overrides, body.compare, body.expect, on_this_host=engines_start_here(settings)
+        )
+    except RunRefused as exc:
         raise unprocessable(str(exc)) from exc
-    # This host runs the engine only when its own local worker claims the run; a service without
-    # one (an API front for workers elsewhere) or a Ray cluster places it on a host that can.
-    unfit = refusal(profile) if settings.executor == "local" and settings.start_worker else None
-    if unfit is not None:
-        raise unprocessable(unfit)
     wanted: dict[str, Any] = {
         "profile": profile.name,
         "trigger": body.trigger,
         "labels": body.labels,
         "overrides": body.overrides.model_dump(exclude_none=True),
-        "arms": planned.stored_arms(),
-        "expect": planned.expect,
+        "arms": admitted.plan.stored_arms(),
+        "expect": admitted.plan.expect,
     }
     with writer() as session:
         run, created = queue.enqueue(
@@ -110,6 +101,7 @@ def create_run(
             triggered_by=caller.name,
             triggered_by_token_id=caller.token_id,
             max_attempts=profile.max_attempts,
+            profile_snapshot=admitted.snapshot(),
             idempotency_key=scoped_key(caller, idempotency_key) if idempotency_key else None,
         )
         changed = [] if created else differences(run, wanted)

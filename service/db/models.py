@@ -82,6 +82,9 @@ class Run(Base):
     )
     labels: Mapped[dict[str, Any]] = mapped_column(JSON().with_variant(JSONB(), "postgresql"), default=dict)
     overrides: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # The profile as resolved when the run was triggered (overrides in place), which it executes;
+    # None for runs queued before it was stored, which execute their profile by name.
+    profile_snapshot: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # Each arm as {name, variant, engine overrides} (service.profiles.ArmSpec.stored); empty: one
     # arm, the profile's own variant. Samples and results are keyed by the arm's name.
     arms: Mapped[list[Any]] = mapped_column(default=list, server_default="[]")

@@ -27,8 +27,9 @@ from evals import suites as suite_registry
 from evals.verdict import _SEVERITY, judge_ab
 from kernels.mutants import MUTANTS
 from service.db.models import Run, SuiteResult
-from service.profiles import ArmSpec, Profile
+from service.profiles import ArmSpec, Profile, RunOverrides
 from service.runs import queue, store
+from service.runs.admission import admit
 from service.runs.queries import label_is
 from service.runs.state import FINAL
 
@@ -93,20 +94,25 @@ def run_request(
 def enqueue_batch(
     session: Session, profile: Profile, mutants: Sequence[str], batch: str, labels: Mapping[str, str], by: str
 ) -> list[int]:
-    """Queue one A/B run per mutant on this database's queue; returns the run ids."""
+    """Queue one A/B run per mutant on this database's queue; returns the run ids. Whether this
+    host can run the profile is the caller's to check, once for the batch (`admission.fitted`)."""
     ids = []
     for mutant in mutants:
         body = run_request(profile.name, profile.kernels.canaries, mutant, batch, labels)
+        overrides = RunOverrides.model_validate(body.get("overrides", {}))
+        arms = [ArmSpec(variant=arm) for arm in body["compare"]]
+        admitted = admit(profile, overrides, arms, body["expect"], on_this_host=False)
         run, _ = queue.enqueue(
             session,
             profile=profile.name,
             trigger="manual",
             triggered_by=by,
             labels=body["labels"],
-            overrides=body.get("overrides", {}),
-            arms=[ArmSpec(variant=arm).stored() for arm in body["compare"]],
-            expect=body["expect"],
+            overrides=overrides.model_dump(exclude_none=True),
+            arms=admitted.plan.stored_arms(),
+            expect=admitted.plan.expect,
             max_attempts=profile.max_attempts,
+            profile_snapshot=admitted.snapshot(),
         )
         session.flush()
         ids.append(run.id)

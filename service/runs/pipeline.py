@@ -3,7 +3,9 @@
 The same function serves the service's worker, `kvcanary run` and the Ray executor, so a
 run behaves identically wherever it executes. Each arm of a run (a kernel variant plus engine
 overrides: one, or several for an A/B run) has its own engine, started from the profile with
-the arm's overrides in place; suites of an arm share that engine.
+the arm's overrides in place; suites of an arm share that engine. The profile is the one the
+run stored when it was triggered (`service.runs.admission.executed_profile`), not the YAML as
+it reads now.
 """
 
 from __future__ import annotations
@@ -25,12 +27,12 @@ from service.arms import apply as apply_arm
 from service.arms import run_arms
 from service.db.models import Run, RunEvent, utcnow
 from service.db.session import session_scope
-from service.engine import gpus
 from service.engine.death import EngineDied, diagnose_file
 from service.engine.launcher import Engine, EngineStartError
 from service.private_files import private_dir
-from service.profiles import Profile, RunOverrides, apply_overrides
+from service.profiles import Profile
 from service.runs import scoring, store
+from service.runs.admission import executed_profile
 from service.runs.state import Status, transition
 from service.settings import Settings
 
@@ -114,9 +116,10 @@ def _set(url: str, run_id: int, status: Status | None = None, message: str = "",
             transition(session, run, status, message)
 
 
-def resolve_profile(profile: Profile, overrides: dict[str, Any]) -> Profile:
-    """The profile as this run uses it: overrides applied, `fixture:` references built."""
-    data = apply_overrides(profile, RunOverrides.model_validate(overrides)).model_dump()
+def resolve_profile(profile: Profile) -> Profile:
+    """The profile with its `fixture:` references built: on the host that executes the run, since
+    a fixture is a path there (a run's snapshot keeps the references)."""
+    data = profile.model_dump()
     data["model"] = fixtures.resolve(data["model"])
     for entry in data["suites"]:
         for key, value in entry.items():
@@ -292,12 +295,7 @@ def execute(run_id: int, settings: Settings, profiles: dict[str, Profile], worke
     engine: Engine | None = None
     timings: dict[str, Any] = {}
     try:
-        if run.profile not in profiles:
-            raise KeyError(f"profile {run.profile!r} is no longer in the profiles folder")
-        unfit = gpus.refusal(profiles[run.profile])
-        if unfit is not None:
-            raise RuntimeError(unfit)
-        profile = resolve_profile(profiles[run.profile], run.overrides)
+        profile = resolve_profile(executed_profile(run, profiles))
         _set(url, run.id, run_dir=str(run_dir))
         specs = run_arms(run.arms, profile)
         arms = [spec.name for spec in specs]

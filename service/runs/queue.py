@@ -32,8 +32,12 @@ def enqueue(
     expect: Mapping[str, str] | None = None,
     idempotency_key: str | None = None,
     triggered_by_token_id: int | None = None,
+    profile_snapshot: Mapping[str, Any] | None = None,
 ) -> tuple[Run, bool]:
-    """Queue a run; with an idempotency key already used, return that run instead (created=False)."""
+    """Queue a run; with an idempotency key already used, return that run instead (created=False).
+
+    `profile_snapshot` (service.runs.admission) is the profile the run executes, whatever its
+    YAML says by then."""
     if idempotency_key:
         existing = session.scalar(select(Run).where(Run.idempotency_key == idempotency_key))
         if existing is not None:
@@ -45,6 +49,7 @@ def enqueue(
         triggered_by=triggered_by,
         labels=dict(labels),
         overrides=dict(overrides),
+        profile_snapshot=dict(profile_snapshot) if profile_snapshot is not None else None,
         arms=list(arms),
         expect=dict(expect) if expect else None,
         max_attempts=max_attempts,

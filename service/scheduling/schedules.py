@@ -21,11 +21,11 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.arms import plan
 from service.db.models import Run, Schedule, ScheduleFire, utcnow
 from service.db.session import session_scope
-from service.profiles import Profile, RunOverrides, ScheduleSpec
+from service.profiles import Profile, ScheduleSpec
 from service.runs import queue
+from service.runs.admission import RunRefused, admit
 from service.runs.state import ACTIVE, Status
 from service.scheduling import cron
 from service.scheduling.schemas import ScheduleOut, ScheduleUpdate
@@ -169,6 +169,32 @@ def _blocker(session: Session, schedule: Schedule, profiles: dict[str, Profile])
     return ""
 
 
+def _queue_run(
+    session: Session, schedule: Schedule, profiles: dict[str, Profile], triggered_by: str
+) -> tuple[int | None, str]:
+    """Queue the fire's run: (its id, ""), or (None, why none was queued). The profile's arms; the
+    schedule block's expect, else the profile's. Whether a host can run it is checked
+    for every scheduled run: the worker that claims it refuses it when its host cannot run it."""
+    profile = profiles[schedule.profile]
+    try:
+        admitted = admit(profile, None, None, profile.schedule.expect if profile.schedule else None, on_this_host=False)
+    except RunRefused as exc:
+        return None, f"{exc}; nothing was queued"
+    run, _ = queue.enqueue(
+        session,
+        profile=schedule.profile,
+        trigger=TRIGGER,
+        triggered_by=triggered_by,
+        labels={**schedule.labels, "schedule": schedule.name},
+        overrides={},
+        arms=admitted.plan.stored_arms(),
+        expect=admitted.plan.expect,
+        max_attempts=profile.max_attempts,
+        profile_snapshot=admitted.snapshot(),
+    )
+    return run.id, ""
+
+
 def fire(
     url: str,
     schedule_id: int,
@@ -191,21 +217,7 @@ def fire(
             assert schedule is not None, f"schedule {schedule_id} vanished while firing"
             record.skipped_reason = _blocker(session, schedule, profiles)
             if not record.skipped_reason:
-                profile = profiles[schedule.profile]
-                # the profile's arms; the schedule block's expect, else the profile's (checked when loaded)
-                planned = plan(profile, RunOverrides(), None, profile.schedule.expect if profile.schedule else None)
-                run, _ = queue.enqueue(
-                    session,
-                    profile=schedule.profile,
-                    trigger=TRIGGER,
-                    triggered_by=triggered_by,
-                    labels={**schedule.labels, "schedule": schedule.name},
-                    overrides={},
-                    arms=planned.stored_arms(),
-                    expect=planned.expect,
-                    max_attempts=profile.max_attempts,
-                )
-                record.run_id = run.id
+                record.run_id, record.skipped_reason = _queue_run(session, schedule, profiles, triggered_by)
             schedule.last_fire_at = max(fire_time, schedule.last_fire_at or fire_time)
             schedule.next_fire_at = _next_fire(schedule, clock())
             return Fired(schedule.name, fire_time, record.run_id, record.skipped_reason)

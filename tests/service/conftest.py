@@ -187,17 +187,21 @@ def _fresh_postgres_database(server_url: str) -> str:
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A migrated, empty database: a SQLite file, and (where a server is up) PostgreSQL."""
+def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database, not yet migrated: a SQLite file, and (where a server is up) PostgreSQL."""
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'kvcanary.db'}"
-    else:
-        server = os.environ.get("KVCANARY_TEST_POSTGRES_URL")
-        if not server:
-            pytest.skip("no PostgreSQL server: scripts/test.sh starts one (KVCANARY_TEST_POSTGRES_URL)")
-        url = _fresh_postgres_database(server)
-    upgrade(url)
-    return url
+        return f"sqlite:///{tmp_path / 'kvcanary.db'}"
+    server = os.environ.get("KVCANARY_TEST_POSTGRES_URL")
+    if not server:
+        pytest.skip("no PostgreSQL server: scripts/test.sh starts one (KVCANARY_TEST_POSTGRES_URL)")
+    return _fresh_postgres_database(server)
+
+
+@pytest.fixture
+def database_url(empty_database: str) -> str:
+    """A migrated, empty database: a SQLite file, and (where a server is up) PostgreSQL."""
+    upgrade(empty_database)
+    return empty_database
 
 
 def answer_through(

@@ -33,7 +33,7 @@ from service.report import write_junit
 from service.runs import queue, scoring
 from service.schemas import RunDetail
 from service.settings import PACKAGED_PROFILES
-from tests.service.conftest import LiveService, _fresh_postgres_database, bearer
+from tests.service.conftest import LiveService, bearer
 
 CHUNKED = "fixed,max_num_batched_tokens=64"
 DEFAULTS = "gsm8k-tiny-arms"  # a profile with its own default arms and expectations
@@ -366,16 +366,6 @@ def test_submit_sends_the_cli_spelling_of_arms_and_expectations(service: LiveSer
                          text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "kv_cache_dtype=fp8" in bad.stdout + bad.stderr
 
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """An empty database, not yet migrated: a SQLite file, and (where a server is up) PostgreSQL."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'old.db'}"
-    server = os.environ.get("KVCANARY_TEST_POSTGRES_URL")
-    if not server:
-        pytest.skip("no PostgreSQL server: scripts/test.sh starts one (KVCANARY_TEST_POSTGRES_URL)")
-    return _fresh_postgres_database(server)
 
 
 def test_stored_runs_keep_their_variants_as_plain_arms(empty_database: str) -> None:
