@@ -101,21 +101,26 @@ def digest(snapshot: Mapping[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def executed_profile(run: Run, profiles: Mapping[str, Profile], gpus: int | None = None) -> Profile:
-    """The profile a claimed run executes on this host: its snapshot, or, for a run queued before
-    snapshots were stored, its profile by name with its overrides; RunRefused when it cannot run."""
+def stored_profile(run: Run, profiles: Mapping[str, Profile]) -> Profile:
+    """The profile a run was triggered with: its snapshot, or, for a run queued before snapshots
+    were stored, its profile by name with its overrides; RunRefused when neither can be read."""
     if run.profile_snapshot is not None:
         try:
-            stored = Profile.model_validate(run.profile_snapshot)
+            return Profile.model_validate(run.profile_snapshot)
         except ValidationError as exc:
             raise RunRefused(
                 f"run {run.id}: the profile {run.profile!r} stored when it was triggered no longer validates "
                 f"({describe(exc)}); trigger a new run"
             ) from exc
-        return fitted(stored, on_this_host=True, gpus=gpus)
     if run.profile not in profiles:
         raise RunRefused(
             f"profile {run.profile!r} is no longer in the profiles folder, and run {run.id} was queued before runs "
             "kept their profile; restore the file or trigger a new run"
         )
-    return fitted(profiles[run.profile], RunOverrides.model_validate(run.overrides), on_this_host=True, gpus=gpus)
+    return fitted(profiles[run.profile], RunOverrides.model_validate(run.overrides), on_this_host=False)
+
+
+def executed_profile(run: Run, profiles: Mapping[str, Profile], gpus: int | None = None) -> Profile:
+    """The profile a claimed run executes on this host (`stored_profile`); RunRefused when this
+    host cannot start its engine."""
+    return fitted(stored_profile(run, profiles), on_this_host=True, gpus=gpus)

@@ -24,7 +24,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,7 @@ from service.engine.gpus import gpus_needed
 from service.private_files import keep_private
 from service.profiles import Profile
 from service.runs import pipeline, queue
+from service.runs.admission import RunRefused, stored_profile
 from service.runs.orphan_guard import OrphanGuard
 from service.runs.state import ACTIVE, Status, transition
 from service.settings import Settings
@@ -59,6 +60,15 @@ CONNECT_RETRY_S = 2.0
 def task_resources(profile: Profile | None) -> dict[str, float]:
     """What the run's task asks Ray for: one CPU, and the GPUs its profile needs (`gpus_needed`)."""
     return {"num_cpus": 1, "num_gpus": gpus_needed(profile) if profile is not None else 0}
+
+
+def sizing_profile(run: Run, profiles: Mapping[str, Profile]) -> Profile | None:
+    """The profile the run executes (its snapshot, not the file as it is now), which sizes its
+    task; None when it cannot be read: the task then refuses the run and says why."""
+    try:
+        return stored_profile(run, profiles)
+    except RunRefused:
+        return None
 
 
 def unplaceable(resources: dict[str, float], nodes: list[dict[str, Any]]) -> str | None:
@@ -113,9 +123,8 @@ def _asked(resources: dict[str, float]) -> str:
     return f"handed to Ray, asking for {resources['num_gpus']:g} GPU(s) and {resources['num_cpus']:g} CPU(s)"
 
 
-def _oldest_queued(session: Session) -> str | None:
-    """The profile of the oldest queued run."""
-    return session.scalar(select(Run.profile).where(Run.status == Status.QUEUED.value).order_by(Run.id).limit(1))
+def _oldest_queued(session: Session) -> Run | None:
+    return session.scalar(select(Run).where(Run.status == Status.QUEUED.value).order_by(Run.id).limit(1))
 
 
 def serialize_claims(session: Session) -> None:
@@ -238,15 +247,15 @@ class RayDispatcher:
             self._settle(flight, lost_reason="the service replica that dispatched it stopped")
         self._ray.shutdown()
 
-    def _room_for(self, profile: str, free: dict[str, float], nodes: list[dict[str, Any]]) -> bool:
-        """Whether the cluster has room for a run of `profile` now, or never will.
+    def _room_for(self, run: Run, free: dict[str, float], nodes: list[dict[str, Any]]) -> bool:
+        """Whether the cluster has room for `run` now, or never will.
 
         Runs wait in the database queue, in order, not inside Ray: Ray hands a finished
         task's worker to the same replica's next waiting task, so a task waiting there can be
         overtaken by every later run of another replica. A run no node could ever take is
         claimed anyway, so that its events can say why it waits.
         """
-        need = task_resources(self.profiles.get(profile))
+        need = task_resources(sizing_profile(run, self.profiles))
         if free.get("CPU", 0.0) >= need["num_cpus"] and free.get("GPU", 0.0) >= need["num_gpus"]:
             return True
         return unplaceable(need, nodes) is not None
@@ -272,12 +281,12 @@ class RayDispatcher:
             run = queue.claim_next(session, self.worker_id)
             if run is None:
                 return
-            run_id, profile = run.id, self.profiles.get(run.profile)
+            run_id, profile = run.id, sizing_profile(run, self.profiles)
             resources = task_resources(profile)
             waiting = unplaceable(resources, nodes)
             kind = WAITING_EVENT if waiting else DISPATCHED_EVENT
             session.add(RunEvent(run_id=run_id, kind=kind, message=waiting or _asked(resources)))
-        given = {run.profile: profile} if profile is not None else {}
+        given = {run.profile: self.profiles[run.profile]} if run.profile in self.profiles else {}
         task = self._task.options(name=f"kvcanary-run-{run_id}", max_retries=0, retry_exceptions=False, **resources)
         try:
             ref = task.remote(run_id, self.worker_id, self.url, given)

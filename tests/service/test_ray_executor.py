@@ -36,6 +36,7 @@ from service.engine.gpus import refusal
 from service.engine.process_group import group_members
 from service.profiles import load_profiles
 from service.runs import queue
+from service.runs.admission import snapshot_of
 from service.runs.orphan_guard import POLL_S, OrphanGuard
 from service.runs.ray_executor import (
     DISPATCHED_EVENT,
@@ -44,6 +45,7 @@ from service.runs.ray_executor import (
     dispatch_pending,
     placement_change,
     serialize_claims,
+    sizing_profile,
     task_resources,
     unplaceable,
 )
@@ -159,6 +161,22 @@ def test_shipped_profiles_ask_ray_for_the_gpus_the_local_executor_refuses_withou
         wanted = profile.engine.tensor_parallel_size if name.endswith("-gpu") or profile.engine.needs_gpu else 0
         assert task_resources(profile)["num_gpus"] == wanted, name
         assert (refusal(profile, gpus=0) is not None) == (wanted > 0), name
+
+
+def test_a_queued_run_is_sized_by_the_profile_it_was_triggered_with() -> None:
+    """The TP 2 profile edited to TP 1 after the trigger: the run still asks Ray for 2 GPUs, as
+    it will start a TP 2 engine; a run queued before snapshots is sized by the file; one whose
+    profile cannot be read asks for none (its task refuses it, naming why)."""
+    shipped = load_profiles(PACKAGED_PROFILES)
+    tp2 = shipped["gsm8k-tiny-tp2-gpu"]
+    edited = {tp2.name: tp2.model_copy(update={"engine": tp2.engine.model_copy(update={"tensor_parallel_size": 1})})}
+    queued = Run(id=1, profile=tp2.name, overrides={}, profile_snapshot=snapshot_of(tp2))
+    assert task_resources(sizing_profile(queued, edited)) == {"num_cpus": 1, "num_gpus": 2}
+    older = Run(id=2, profile=tp2.name, overrides={}, profile_snapshot=None)
+    assert task_resources(sizing_profile(older, edited)) == {"num_cpus": 1, "num_gpus": 1}
+    assert sizing_profile(older, {}) is None
+    broken = Run(id=3, profile=tp2.name, overrides={}, profile_snapshot={"name": tp2.name})
+    assert sizing_profile(broken, shipped) is None
 
 
 def test_gpus_must_be_on_one_node() -> None:
