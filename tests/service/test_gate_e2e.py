@@ -32,7 +32,7 @@ from tests.service.conftest import LiveService, SubmitClient
 pytestmark = pytest.mark.engine
 
 PROFILE = "gsm8k-tiny-cpu"
-SERIAL = "gsm8k-tiny-serial"  # the same, one request at a time: an arm that lasts long enough to be killed
+SLOW = "gsm8k-tiny-slow"  # the same, 4 requests at a time: an arm that lasts long enough to be killed
 RUN_TIMEOUT_S = 900
 # Of the fixture's 200 questions: the paired test against the reference (or the other arm) decides
 # "pass" from about 98 items with no flip (its detectable change, 2.8^2 / n, within 0.08).
@@ -41,14 +41,14 @@ CONCURRENCY = 16  # in waves, so a run can be stopped with some samples stored a
 
 
 def write_profiles(folder: Path, *, model: str = "fixture:gsm8k-tiny") -> Path:
-    """The shipped CPU fixture profile (model swappable), a serial copy, and one whose model cannot load."""
+    """The shipped CPU fixture profile (model swappable), a slower copy, and one whose model cannot load."""
     folder.mkdir(parents=True, exist_ok=True)
     spec = yaml.safe_load((PACKAGED_PROFILES / f"{PROFILE}.yaml").read_text())
     spec["model"] = model
     spec["suites"][0] |= {"limit": QUESTIONS, "concurrency": CONCURRENCY}
     (folder / f"{PROFILE}.yaml").write_text(yaml.safe_dump(spec))
-    serial = {**spec, "suites": [{**spec["suites"][0], "concurrency": 1}]}
-    (folder / f"{SERIAL}.yaml").write_text(yaml.safe_dump(serial))
+    slow = {**spec, "suites": [{**spec["suites"][0], "concurrency": 4}]}
+    (folder / f"{SLOW}.yaml").write_text(yaml.safe_dump(slow))
     broken = {**spec, "model": str(folder / "no-such-model"), "baselines": {}, "max_attempts": 1}
     (folder / "broken-model.yaml").write_text(yaml.safe_dump(broken))
     return folder
@@ -180,7 +180,7 @@ def test_engine_killed_in_one_arm_ends_the_run_as_error_and_the_other_arm_is_sti
 ) -> None:
     """An A/B run whose stock engine dies mid-suite: the fixed arm still runs and is judged;
     the run ends `error` with one line naming the dead arm, the moment and the cause."""
-    run_id = queue_run(gate, ["stock", "fixed"], SERIAL, expect={"stock": "pass", "fixed": "pass"})
+    run_id = queue_run(gate, ["stock", "fixed"], SLOW, expect={"stock": "pass", "fixed": "pass"})
     wait_for(lambda: stored_samples(gate, run_id), 300, "the stock arm's first samples", every_s=0.2)
     engine_pid = wait_for(lambda: run_row(gate, run_id).engine_pid, 60, "the engine pid", every_s=0.2)
     assert len(stored_samples(gate, run_id)) < QUESTIONS, "the stock arm ended before it could be killed"
