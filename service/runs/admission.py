@@ -117,7 +117,13 @@ def stored_profile(run: Run, profiles: Mapping[str, Profile]) -> Profile:
             f"profile {run.profile!r} is no longer in the profiles folder, and run {run.id} was queued before runs "
             "kept their profile; restore the file or trigger a new run"
         )
-    return fitted(profiles[run.profile], RunOverrides.model_validate(run.overrides), on_this_host=False)
+    try:
+        overrides = RunOverrides.model_validate(run.overrides)
+    except ValidationError as exc:
+        raise RunRefused(
+            f"run {run.id}: its stored overrides no longer validate ({describe(exc)}); trigger a new run"
+        ) from exc
+    return fitted(profiles[run.profile], overrides, on_this_host=False)
 
 
 def executed_profile(run: Run, profiles: Mapping[str, Profile], gpus: int | None = None) -> Profile:

@@ -60,12 +60,19 @@ class _Watcher:
         threading.Thread(target=self._loop, name=f"run-{self.run_id}-watch", daemon=True).start()
 
     def _loop(self) -> None:
+        failing = False
         while not self.done.wait(1.0):
             try:
                 if not self._beat():
                     return
             except Exception:  # a dropped connection must not end the heartbeat for good
-                log.exception("run %d: heartbeat failed; trying again", self.run_id)
+                if not failing:  # once per outage, not every second
+                    log.exception("run %d: heartbeat failed; trying again every second", self.run_id)
+                failing = True
+                continue
+            if failing:
+                log.warning("run %d: heartbeat written again", self.run_id)
+            failing = False
 
     def _beat(self) -> bool:
         """One heartbeat; False once the run row is gone."""

@@ -278,7 +278,7 @@ class RayDispatcher:
             oldest = _oldest_queued(session)
             if oldest is None or dispatch_pending(session) or not self._room_for(oldest, free, nodes):
                 return
-            run = queue.claim_next(session, self.worker_id)
+            run = queue.claim_next(session, self.worker_id, oldest.id)  # the run just sized, not a later one
             if run is None:
                 return
             run_id, profile = run.id, sizing_profile(run, self.profiles)

@@ -175,6 +175,7 @@ def test_a_queued_run_is_sized_by_the_profile_it_was_triggered_with() -> None:
     older = Run(id=2, profile=tp2.name, overrides={}, profile_snapshot=None)
     assert task_resources(sizing_profile(older, edited)) == {"num_cpus": 1, "num_gpus": 1}
     assert sizing_profile(older, {}) is None
+    assert sizing_profile(Run(id=4, profile=tp2.name, overrides={"bogus": 1}, profile_snapshot=None), edited) is None
     broken = Run(id=3, profile=tp2.name, overrides={}, profile_snapshot={"name": tp2.name})
     assert sizing_profile(broken, shipped) is None
 
