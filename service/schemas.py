@@ -15,8 +15,8 @@ from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field,
 
 from service.arms import describe_outcome
 from service.durations import EXAMPLES, parse_duration
+from service.profile_snapshot import digest
 from service.profiles import NAME_PATTERN, ArmSpec, Expectation, Profile, RunOverrides
-from service.runs.admission import digest
 from service.text import storable, text_problem
 
 if TYPE_CHECKING:  # the client parses these documents without the server's database layer

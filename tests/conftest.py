@@ -65,9 +65,10 @@ def execute_queued(
     run id). The pipeline's engines inherit this process's offline environment."""
     from service.db.migrate import upgrade
     from service.db.session import session_scope
+    from service.profile_snapshot import snapshot_of
     from service.profiles import ArmSpec, RunOverrides
     from service.runs import pipeline, queue
-    from service.runs.admission import fitted, snapshot_of
+    from service.runs.admission import fitted
     from service.settings import Settings
 
     settings = Settings(data_dir=tmp_path / "data", profiles_dir=tmp_path / "profiles", start_worker=False)

@@ -13,8 +13,6 @@ trigger and execution does not change a queued run; the executor runs that snaps
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,9 +21,10 @@ from pydantic import ValidationError
 
 from service.arms import Plan, plan
 from service.engine.gpus import refusal
+from service.profile_snapshot import snapshot_of
 from service.profiles import ArmSpec, Expectation, Profile, ProfileError, RunOverrides, apply_overrides, describe
 
-if TYPE_CHECKING:  # the API's schemas read `digest` here, in the client too: no database layer, no settings
+if TYPE_CHECKING:
     from service.db.models import Run
     from service.settings import Settings
 
@@ -88,17 +87,6 @@ def admit(
     if on_this_host:
         fitted(applied, on_this_host=True)
     return Admission(applied, planned)
-
-
-def snapshot_of(profile: Profile) -> dict[str, Any]:
-    """The profile as JSON data; `Profile.model_validate` reads it back to the same profile."""
-    return profile.model_dump(mode="json")
-
-
-def digest(snapshot: Mapping[str, Any]) -> str:
-    """A short, stable name of a snapshot: two runs with the same digest ran the same profile."""
-    canonical = json.dumps(snapshot, sort_keys=True, separators=(",", ":"))
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 def stored_profile(run: Run, profiles: Mapping[str, Profile]) -> Profile:

@@ -21,10 +21,11 @@ from service.db.models import Run
 from service.db.session import session_scope
 from service.engine.gpus import visible_gpus
 from service.profile_catalog import configured_profiles
+from service.profile_snapshot import digest
 from service.profiles import ArmSpec, Profile, RunOverrides, load_profiles
 from service.roles import Role
 from service.runs import pipeline, queue
-from service.runs.admission import RunRefused, admit, digest, executed_profile, fitted
+from service.runs.admission import RunRefused, admit, executed_profile, fitted
 from service.schemas import RunDetail
 from service.settings import PACKAGED_PROFILES, Settings
 from tests.service.conftest import bearer
@@ -178,7 +179,7 @@ def test_runs_queued_before_0009_keep_no_snapshot_and_execute_their_profile_by_n
 def test_every_shipped_profile_reads_back_from_its_snapshot() -> None:
     """The snapshot is what a queued run executes: every profile the service ships (YAML and
     vLLM config files alike) must come back from its stored JSON as the same profile."""
-    from service.runs.admission import snapshot_of
+    from service.profile_snapshot import snapshot_of
     from service.settings import PACKAGED_PROFILES
 
     profiles = load_profiles(PACKAGED_PROFILES)

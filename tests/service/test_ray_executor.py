@@ -34,9 +34,9 @@ from service.db.models import Run, RunEvent, SuiteResult
 from service.db.session import session_scope
 from service.engine.gpus import refusal
 from service.engine.process_group import group_members
+from service.profile_snapshot import snapshot_of
 from service.profiles import load_profiles
 from service.runs import queue
-from service.runs.admission import snapshot_of
 from service.runs.orphan_guard import POLL_S, OrphanGuard
 from service.runs.ray_executor import (
     DISPATCHED_EVENT,
