@@ -38,7 +38,7 @@ from tests.browser.release_seed import (
 from tests.browser.seed import FILLER, GSM8K, PROFILES, WHISPER
 from tests.conftest import OFFLINE_ENV
 from tests.service.conftest import LiveService
-from tests.service.test_client_imports import SERVER_PACKAGES
+from tests.service.test_client_imports import server_modules
 
 # `kvcanary` with the server's packages made unimportable, as a bare `pip install kvcanary` has it.
 CLIENT_ONLY = """
@@ -189,7 +189,7 @@ def test_release_report_prints_markdown_and_json_with_exit_codes(service: Releas
     assert f"change since vllm\\_version={PREVIOUS}" in partial.stdout
 
     client = subprocess.run(
-        [sys.executable, "-c", CLIENT_ONLY, ",".join(SERVER_PACKAGES), "release-report", f"{KEY}={BLOCKED}"],
+        [sys.executable, "-c", CLIENT_ONLY, ",".join(sorted(server_modules())), "release-report", f"{KEY}={BLOCKED}"],
         env={**os.environ, "KVCANARY_URL": service.url}, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert client.returncode == 1, client.stderr

@@ -4,7 +4,9 @@ every status documented. Bounded examples keep it to CI's budget."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import pkgutil
 from typing import Any
 
 import httpx
@@ -23,6 +25,25 @@ from schemathesis.specs.openapi.checks import (
 from service.auth import Role, create_token
 from service.db.session import session_scope
 from tests.service.conftest import LiveService
+
+
+def _import_all_of_schemathesis() -> None:
+    """Import schemathesis whole while the test files are collected, before any test runs.
+
+    pytest rewrites a plugin's modules as it imports them, parsing their source, and
+    schemathesis imports some lazily, during a test. CPython 3.11 keeps the AST constructor's
+    recursion depth interpreter-wide, so such a parse while a thread left by an earlier test of
+    this worker parses too fails ("AST constructor recursion depth mismatch", cpython
+    gh-106905; seen in CI on `schemathesis/specs/openapi/stateful/dependencies/inputs.py`).
+    """
+    for module in pkgutil.walk_packages(schemathesis.__path__, "schemathesis."):
+        try:
+            importlib.import_module(module.name)
+        except ImportError:  # an optional extra this install lacks; the tests do not use it
+            continue
+
+
+_import_all_of_schemathesis()
 
 CHECKS = [not_a_server_error, status_code_conformance, response_schema_conformance, content_type_conformance]
 REVOKE = "/api/v1/tokens/{token_id}/revoke"
