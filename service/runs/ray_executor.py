@@ -247,15 +247,15 @@ class RayDispatcher:
             self._settle(flight, lost_reason="the service replica that dispatched it stopped")
         self._ray.shutdown()
 
-    def _room_for(self, run: Run, free: dict[str, float], nodes: list[dict[str, Any]]) -> bool:
-        """Whether the cluster has room for `run` now, or never will.
+    @staticmethod
+    def _room_for(need: dict[str, float], free: dict[str, float], nodes: list[dict[str, Any]]) -> bool:
+        """Whether the cluster has room for a task asking for `need` now, or never will.
 
         Runs wait in the database queue, in order, not inside Ray: Ray hands a finished
         task's worker to the same replica's next waiting task, so a task waiting there can be
         overtaken by every later run of another replica. A run no node could ever take is
         claimed anyway, so that its events can say why it waits.
         """
-        need = task_resources(sizing_profile(run, self.profiles))
         if free.get("CPU", 0.0) >= need["num_cpus"] and free.get("GPU", 0.0) >= need["num_gpus"]:
             return True
         return unplaceable(need, nodes) is not None
@@ -276,13 +276,16 @@ class RayDispatcher:
         with session_scope(self.url) as session:
             serialize_claims(session)
             oldest = _oldest_queued(session)
-            if oldest is None or dispatch_pending(session) or not self._room_for(oldest, free, nodes):
+            if oldest is None or dispatch_pending(session):
+                return
+            profile = sizing_profile(oldest, self.profiles)
+            resources = task_resources(profile)
+            if not self._room_for(resources, free, nodes):
                 return
             run = queue.claim_next(session, self.worker_id, oldest.id)  # the run just sized, not a later one
             if run is None:
                 return
-            run_id, profile = run.id, sizing_profile(run, self.profiles)
-            resources = task_resources(profile)
+            run_id = run.id
             waiting = unplaceable(resources, nodes)
             kind = WAITING_EVENT if waiting else DISPATCHED_EVENT
             session.add(RunEvent(run_id=run_id, kind=kind, message=waiting or _asked(resources)))
