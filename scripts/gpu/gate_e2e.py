@@ -7,8 +7,8 @@ service's API, and each row is checked against what the gate must show. Run it t
 
     python scripts/gpu/gate_e2e.py --out OUT [--rows gsm8k,whisper,mla,legacy,tp2,drift,invariance,mutants]
 
-The `mutants` group runs `kvcanary mutants --url` for each GPU fixture (its drift and GSM8k
-profiles): fixed against every mutant of kernels.mutants, and prints the matrix as
+The `mutants` group runs `kvcanary mutants --url` for each GPU fixture (its profile with the drift
+and GSM8k suites): fixed and every mutant of kernels.mutants as the arms of one run, and prints the matrix as
 docs/mutants.md quotes it (also written to OUT/mutants-<fixture>.md).
 """
 
@@ -127,8 +127,8 @@ def rows() -> list[Row]:
 
 # The GPU fixtures whose mutation matrix the `mutants` group measures: (name, its profiles).
 MUTANT_FIXTURES = (
-    ("triton-attn-llama", ("drift-tiny-gpu", "gsm8k-tiny-gpu")),
-    ("triton-mla-480", ("drift-tiny-mla-gpu", "gsm8k-tiny-mla-gpu")),
+    ("triton-attn-llama", ("mutants-tiny-gpu",)),
+    ("triton-mla-480", ("mutants-tiny-mla-gpu",)),
 )
 
 

@@ -1,7 +1,9 @@
 """The mutation matrix: which suite catches which kernel mutant, at how many prompts, in how long.
 
-A mutation batch is one A/B run per mutant, ``fixed`` against the mutant on the profile's
-suites, labelled ``mutation_batch=<id>`` and ``mutant=<name>``. The matrix is computed from
+A mutation batch is one run per profile whose first arm is ``fixed`` and whose other arms are
+the mutants, on the profile's suites, labelled ``mutation_batch=<id>``: every mutant arm is
+judged against the one ``fixed`` arm, so the control's engine starts once for the whole batch
+(an arm whose engine dies does not stop the others). The matrix is computed from
 the stored runs alone (read-only), so the API, the CLI and the dashboard render the same
 document. A cell is ``caught`` when the mutant arm's verdict for that suite is ``fail`` (the
 drift suite judges the candidate arm against the control arm's floor; GSM8k by its baseline
@@ -34,7 +36,6 @@ from service.runs.queries import label_is
 from service.runs.state import FINAL
 
 BATCH_LABEL = "mutation_batch"
-MUTANT_LABEL = "mutant"
 CONTROL = "fixed"
 CellState = Literal["caught", "died", "missed", "error", "pending"]
 SEEN: tuple[CellState, ...] = ("caught", "died")
@@ -75,16 +76,17 @@ def new_batch_id() -> str:
 
 
 def run_request(
-    profile: str, profile_canaries: Sequence[str], mutant: str, batch: str, labels: Mapping[str, str]
+    profile: str, profile_canaries: Sequence[str], mutants: Sequence[str], batch: str, labels: Mapping[str, str]
 ) -> dict[str, Any]:
-    """The run a batch queues for one mutant, as the API's POST body: fixed against the mutant,
-    with the canaries that make the mutant's condition reachable added to the profile's."""
-    canaries = list(dict.fromkeys([*profile_canaries, *MUTANTS[mutant].canaries]))
+    """The run a batch queues, as the API's POST body: fixed, then each mutant, with the canaries
+    that make the mutants' conditions reachable added to the profile's (fixed must pass them all)."""
+    needed = [canary for mutant in mutants for canary in MUTANTS[mutant].canaries]
+    canaries = list(dict.fromkeys([*profile_canaries, *needed]))
     body: dict[str, Any] = {
         "profile": profile,
-        "labels": {**labels, BATCH_LABEL: batch, MUTANT_LABEL: mutant},
-        "compare": [CONTROL, mutant],
-        "expect": {CONTROL: "pass", mutant: "fail"},
+        "labels": {**labels, BATCH_LABEL: batch},
+        "compare": [CONTROL, *mutants],
+        "expect": {CONTROL: "pass", **{mutant: "fail" for mutant in mutants}},
     }
     if canaries != list(profile_canaries):
         body["overrides"] = {"canaries": canaries}
@@ -93,30 +95,27 @@ def run_request(
 
 def enqueue_batch(
     session: Session, profile: Profile, mutants: Sequence[str], batch: str, labels: Mapping[str, str], by: str
-) -> list[int]:
-    """Queue one A/B run per mutant on this database's queue; returns the run ids. Whether this
-    host can run the profile is the caller's to check, once for the batch (`admission.fitted`)."""
-    ids = []
-    for mutant in mutants:
-        body = run_request(profile.name, profile.kernels.canaries, mutant, batch, labels)
-        overrides = RunOverrides.model_validate(body.get("overrides", {}))
-        arms = [ArmSpec(variant=arm) for arm in body["compare"]]
-        admitted = admit(profile, overrides, arms, body["expect"], on_this_host=False)
-        run, _ = queue.enqueue(
-            session,
-            profile=profile.name,
-            trigger="manual",
-            triggered_by=by,
-            labels=body["labels"],
-            overrides=overrides.model_dump(exclude_none=True),
-            arms=admitted.plan.stored_arms(),
-            expect=admitted.plan.expect,
-            max_attempts=profile.max_attempts,
-            profile_snapshot=admitted.snapshot(),
-        )
-        session.flush()
-        ids.append(run.id)
-    return ids
+) -> int:
+    """Queue the batch's run on this database's queue; returns its id. Whether this host can
+    run the profile is the caller's to check, once for the batch (`admission.fitted`)."""
+    body = run_request(profile.name, profile.kernels.canaries, mutants, batch, labels)
+    overrides = RunOverrides.model_validate(body.get("overrides", {}))
+    arms = [ArmSpec(variant=arm) for arm in body["compare"]]
+    admitted = admit(profile, overrides, arms, body["expect"], on_this_host=False)
+    run, _ = queue.enqueue(
+        session,
+        profile=profile.name,
+        trigger="manual",
+        triggered_by=by,
+        labels=body["labels"],
+        overrides=overrides.model_dump(exclude_none=True),
+        arms=admitted.plan.stored_arms(),
+        expect=admitted.plan.expect,
+        max_attempts=profile.max_attempts,
+        profile_snapshot=admitted.snapshot(),
+    )
+    session.flush()
+    return run.id
 
 
 def _latest_batch(session: Session, profile: str) -> str | None:
@@ -190,9 +189,9 @@ def latest_matrix(session: Session, profile: str, suites: Sequence[str] = ()) ->
         for run in session.scalars(
             select(Run).where(Run.profile == profile, label_is(dialect, BATCH_LABEL, batch)).order_by(Run.id)
         ):
-            mutant = (run.labels or {}).get(MUTANT_LABEL, "")
-            if mutant:
-                runs[mutant] = run  # a later run of the same mutant replaces an earlier one
+            for arm in run.arms or []:
+                if arm["variant"] != CONTROL and not arm.get("engine"):
+                    runs[arm["variant"]] = run  # a later run of the same mutant replaces an earlier one
     columns = list(suites)
     if runs:
         stored = session.scalars(

@@ -1,9 +1,9 @@
-"""`kvcanary mutants`: queue one A/B run per mutant through the queue, here or on a service, then
-read the matrix back (``service.runs.mutation``).
+"""`kvcanary mutants`: queue one run per profile, fixed then every mutant, through the queue, here
+or on a service, then read the matrix back (``service.runs.mutation``).
 
 Here: the runs go onto this host's queue (the configured database) and run one after another
 in this process, as `kvcanary run` does. With a URL: they are POSTed to the service's queue
-(each with an Idempotency-Key of its batch and mutant, so a resent POST queues nothing twice),
+(each with an Idempotency-Key of its batch and profile, so a resent POST queues nothing twice),
 polled until they end, and the matrix is the service's `GET /api/v1/profiles/{name}/mutants`.
 """
 
@@ -32,7 +32,7 @@ def run_here(
     by: str,
     say: Callable[[str], None],
 ) -> list[MutationMatrix]:
-    """Queue and execute every (profile, mutant) run on this host, in queue order."""
+    """Queue and execute each profile's run on this host, in queue order."""
     from service import baselines
     from service.db.migrate import upgrade
     from service.db.session import session_scope
@@ -44,22 +44,17 @@ def run_here(
     worker_id = new_worker_id()
     with session_scope(url) as session:
         baselines.seed_from_profiles(session, dict(profiles))
-        queued = [
-            (profile.name, mutant, run_id)
-            for profile in selected
-            for mutant, run_id in zip(
-                mutants, enqueue_batch(session, profile, mutants, batch, labels, by), strict=True
-            )
-        ]
-    for name, mutant, run_id in queued:
+        queued = [(profile.name, enqueue_batch(session, profile, mutants, batch, labels, by)) for profile in selected]
+    against = ", ".join(mutants)
+    for name, run_id in queued:
         began = time.monotonic()
         with session_scope(url) as session:
             claimed = queue.claim_next(session, worker_id, run_id)
         if claimed is None:
-            say(f"run {run_id} ({name}, {mutant}) was taken by another worker; its result is read when it ends")
+            say(f"run {run_id} ({name}) was taken by another worker; its result is read when it ends")
             continue
         status = pipeline.execute(run_id, settings, dict(profiles), worker_id)
-        say(f"run {run_id} {name} fixed vs {mutant}: {status} in {time.monotonic() - began:.0f} s")
+        say(f"run {run_id} {name} fixed vs {against}: {status} in {time.monotonic() - began:.0f} s")
     with session_scope(url, write=False) as session:
         return [latest_matrix(session, p.name, [e.suite for e in p.suites]) for p in selected]
 
@@ -73,21 +68,21 @@ def run_remote(
     timeout_s: float,
     poll_s: float,
 ) -> list[MutationMatrix]:
-    """POST every (profile, mutant) run to the service, wait for all of them, read the matrices."""
+    """POST each profile's run to the service, wait for all of them, read the matrices."""
     known = {p["name"]: p for p in client.get("/api/v1/profiles").raise_for_status().json()}
     missing = [name for name in selected if name not in known]
     if missing:
         raise RuntimeError(f"the service has no profile {', '.join(missing)}; it has {', '.join(sorted(known))}")
     ids = []
+    against = ", ".join(mutants)
     for name in selected:
-        for mutant in mutants:
-            body = run_request(name, known[name]["canaries"], mutant, batch, labels)
-            key = {"Idempotency-Key": f"kvcanary-mutants-{batch}-{name}-{mutant}"}
-            response = client.post("/api/v1/runs", json=body, headers=key)
-            if response.status_code >= 400:
-                raise RuntimeError(f"queueing {name} fixed vs {mutant}: {response.status_code} {response.text}")
-            ids.append(response.json()["id"])
-            print(f"run {ids[-1]} queued: {name} fixed vs {mutant}", file=sys.stderr)
+        body = run_request(name, known[name]["canaries"], mutants, batch, labels)
+        key = {"Idempotency-Key": f"kvcanary-mutants-{batch}-{name}"}
+        response = client.post("/api/v1/runs", json=body, headers=key)
+        if response.status_code >= 400:
+            raise RuntimeError(f"queueing {name} fixed vs {against}: {response.status_code} {response.text}")
+        ids.append(response.json()["id"])
+        print(f"run {ids[-1]} queued: {name} fixed vs {against}", file=sys.stderr)
     deadline = time.monotonic() + timeout_s
     waiting = list(ids)
     while waiting:

@@ -1,13 +1,13 @@
 """The mutation matrix from stored runs: queued by `enqueue_batch`, samples through the run store,
 verdicts by the real scoring, read back by the API and printed as Markdown. No engine: the
-runs' rows are what a worker would have stored for fixed vs each mutant."""
+run's rows are what a worker would have stored for fixed and each mutant arm."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -82,20 +82,26 @@ def drift_sample(key: str, mine: ArmOutput, reference: ArmOutput | None) -> Samp
     return Sample(key=key, prompt_hash=f"h-{key}", target="", response="", data=data)
 
 
-def finish(settings: Settings, run_id: int, mutant: str, wrong: Sequence[str], diverged: Sequence[str]) -> None:
-    """Store what fixed and the mutant answered (the mutant wrong on `wrong`, its tokens off the
-    top-k on `diverged`) and score the run as the pipeline does."""
+def finish(
+    settings: Settings,
+    run_id: int,
+    seen: Mapping[str, tuple[Sequence[str], Sequence[str]]],
+    dead: Sequence[str] = (),
+) -> None:
+    """Store what fixed and each mutant answered (mutant: (questions it got wrong, prompts whose
+    tokens left the top-k)) and score the run as the pipeline does; the engines of `dead` died."""
     url = settings.resolved_database_url()
     reference = {key: output([10, 20, 30]) for key in PROMPTS}
     samples = {
         ("fixed", "gsm8k"): [answer(key, True) for key in QUESTIONS],
-        (mutant, "gsm8k"): [answer(key, key not in wrong) for key in QUESTIONS],
         ("fixed", "drift"): [drift_sample(key, reference[key], None) for key in PROMPTS],
-        (mutant, "drift"): [
+    }
+    for mutant, (wrong, diverged) in seen.items():
+        samples[(mutant, "gsm8k")] = [answer(key, key not in wrong) for key in QUESTIONS]
+        samples[(mutant, "drift")] = [
             drift_sample(key, output([10, 99, 98]) if key in diverged else reference[key], reference[key])
             for key in PROMPTS
-        ],
-    }
+        ]
     outcomes = {}
     with session_scope(url) as session:
         for (arm, suite), rows in samples.items():
@@ -107,53 +113,60 @@ def finish(settings: Settings, run_id: int, mutant: str, wrong: Sequence[str], d
                 metrics = [MetricValue(name="kl", value=0.0, n=len(rows), direction="lower")]
             outcomes[(arm, suite)] = SuiteOutcome(metrics=metrics, samples=list(rows), empty_response_rate=0.0)
     profile = configured_profiles(settings)[PROFILE]
-    verdict, summary = scoring.score(url, run_id, profile, outcomes, ["fixed", mutant])
+    arms = ["fixed", *seen, *dead]
+    verdict, summary = scoring.score(url, run_id, profile, outcomes, arms)
+    scoring.judge_arms(url, run_id, arms, list(dead))
     with session_scope(url) as session:
         run = session.get(Run, run_id)
         assert run is not None
-        run.status = "failed" if verdict == "fail" else "passed"
+        run.status = "error" if dead else "failed" if verdict == "fail" else "passed"
         run.verdict, run.verdict_summary = verdict, summary
-        run.timings = {f"{mutant}.gsm8k_s": 31.5, f"{mutant}.drift_s": 12.0}
+        run.error = "; ".join(f"the engine of arm {arm!r} died while gsm8k ran: illegal memory access" for arm in dead)
+        run.timings = {f"{mutant}.{suite}_s": s for mutant in seen for suite, s in (("gsm8k", 31.5), ("drift", 12.0))}
 
 
-def queue_batch(settings: Settings, mutants: Sequence[str]) -> tuple[str, list[int]]:
+def queue_batch(settings: Settings, mutants: Sequence[str]) -> tuple[str, int]:
     profiles = configured_profiles(settings)
     batch = mutation.new_batch_id()
     with session_scope(settings.resolved_database_url()) as session:
         baselines.seed_from_profiles(session, profiles)
-        ids = mutation.enqueue_batch(session, profiles[PROFILE], mutants, batch, {"git_sha": "abc"}, "test")
-    return batch, ids
+        run_id = mutation.enqueue_batch(session, profiles[PROFILE], mutants, batch, {"git_sha": "abc"}, "test")
+    return batch, run_id
+
+
+def matrix_of(client: TestClient) -> mutation.MutationMatrix:
+    got = client.get(f"/api/v1/profiles/{PROFILE}/mutants")
+    assert got.status_code == 200, got.text
+    return mutation.MutationMatrix.model_validate(got.json())
 
 
 def test_matrix_of_the_latest_batch(client: TestClient, settings: Settings) -> None:
     _, old = queue_batch(settings, ["batch_row_shift"])
-    finish(settings, old[0], "batch_row_shift", wrong=[], diverged=[])  # an older batch: not shown
+    finish(settings, old, {"batch_row_shift": ([], [])})  # an older batch: not shown
     names = ["batch_row_shift", "softmax_scale_drift", "page_offset_i32", "split_lse_merge"]
-    batch, ids = queue_batch(settings, names)
-    # Caught by both suites: wrong from the first question, off the top-k from the fourth prompt.
-    finish(settings, ids[0], "batch_row_shift", wrong=QUESTIONS[:20], diverged=PROMPTS[3:])
-    finish(settings, ids[1], "softmax_scale_drift", wrong=[], diverged=[])  # unseen by both
-    with session_scope(settings.resolved_database_url()) as session:
-        died = session.get(Run, ids[2])
-        assert died is not None
-        died.status = "error"
-        died.error = "EngineDied: the engine of arm 'page_offset_i32' died while gsm8k ran: illegal memory access"
-    # ids[3] stays queued.
-
+    batch, run_id = queue_batch(settings, names)
     with session_scope(settings.resolved_database_url(), write=False) as session:
-        queued = [session.get(Run, run_id) for run_id in ids]
-        assert [([a["name"] for a in r.arms], r.expect, r.labels["mutant"], r.labels["mutation_batch"])
-                for r in queued if r] == [
-            (["fixed", name], {"fixed": "pass", name: "fail"}, name, batch) for name in names
-        ]
-        assert queued[2] is not None and queued[2].overrides == {"canaries": ["high_block_ids"]}
+        queued = session.get(Run, run_id)
+        assert queued is not None
+        # One run: the control's engine starts once for the batch; every mutant must fail against it.
+        assert [a["name"] for a in queued.arms] == ["fixed", *names]
+        assert queued.expect == {"fixed": "pass", **{name: "fail" for name in names}}
+        assert queued.labels["mutation_batch"] == batch
+        assert queued.overrides == {"canaries": ["high_block_ids"]}  # page_offset_i32's condition
+    waiting = matrix_of(client)
+    assert waiting.batch == batch and (waiting.caught, waiting.judged) == (0, 0)
+    assert {c.state for row in waiting.rows for c in row.cells.values()} == {"pending"}
 
-    got = client.get(f"/api/v1/profiles/{PROFILE}/mutants")
-    assert got.status_code == 200, got.text
-    matrix = mutation.MutationMatrix.model_validate(got.json())
+    # Caught by both suites: wrong from the first question, off the top-k from the fourth prompt.
+    # softmax_scale_drift unseen by both; page_offset_i32's engine died; split_lse_merge the same as fixed.
+    unseen: tuple[list[str], list[str]] = ([], [])
+    seen = {"batch_row_shift": (QUESTIONS[:20], PROMPTS[3:]), "softmax_scale_drift": unseen, "split_lse_merge": unseen}
+    finish(settings, run_id, seen, dead=["page_offset_i32"])
+    matrix = matrix_of(client)
     assert (matrix.batch, matrix.suites) == (batch, ["gsm8k", "drift"])
     rows = {row.mutant: row for row in matrix.rows}
     assert list(rows) == ["batch_row_shift", "split_lse_merge", "page_offset_i32", "softmax_scale_drift"]
+    assert {row.run_id for row in matrix.rows} == {run_id}
     caught = rows["batch_row_shift"].cells
     # Exact McNemar, all discordant pairs one way: p = 2 * 0.5^n first falls under 0.05 at n = 6.
     assert (caught["gsm8k"].state, caught["gsm8k"].turned_at, caught["gsm8k"].items) == ("caught", 6, 40)
@@ -163,11 +176,11 @@ def test_matrix_of_the_latest_batch(client: TestClient, settings: Settings) -> N
     missed = rows["softmax_scale_drift"].cells
     assert {c.state for c in missed.values()} == {"missed"} and missed["gsm8k"].turned_at is None
     assert {c.state for c in rows["page_offset_i32"].cells.values()} == {"died"}
-    assert {c.state for c in rows["split_lse_merge"].cells.values()} == {"pending"}
-    assert (matrix.caught, matrix.judged) == (2, 3)
+    assert {c.state for c in rows["split_lse_merge"].cells.values()} == {"missed"}
+    assert (matrix.caught, matrix.judged) == (2, 4)
 
     table = mutation.markdown([matrix])
-    assert f"| batch_row_shift | caught (at 6 of 40 items, 32 s) [run {ids[0]}] | caught (at 8 of 12 prompts" in table
+    assert f"| batch_row_shift | caught (at 6 of 40 items, 32 s) [run {run_id}] | caught (at 8 of 12 prompts" in table
     assert "| softmax_scale_drift | missed (pass, 40 items" in table
     assert client.get("/api/v1/profiles/no-such-profile/mutants").status_code == 404
 
@@ -175,21 +188,20 @@ def test_matrix_of_the_latest_batch(client: TestClient, settings: Settings) -> N
 def test_profile_page_shows_the_matrix(client: TestClient, settings: Settings) -> None:
     page = client.get(f"/profiles/{PROFILE}")
     assert page.status_code == 200 and "No mutation batch yet" in page.text
-    _, ids = queue_batch(settings, ["batch_row_shift", "softmax_scale_drift"])
-    finish(settings, ids[0], "batch_row_shift", wrong=QUESTIONS[:20], diverged=PROMPTS[3:])
-    finish(settings, ids[1], "softmax_scale_drift", wrong=[], diverged=[])
+    _, run_id = queue_batch(settings, ["batch_row_shift", "softmax_scale_drift"])
+    finish(settings, run_id, {"batch_row_shift": (QUESTIONS[:20], PROMPTS[3:]), "softmax_scale_drift": ([], [])})
     page = client.get(f"/profiles/{PROFILE}")
     assert page.status_code == 200
     row = page.text[page.text.index('data-mutant="batch_row_shift"') :].split("</tr>")[0]
     assert row.count('data-state="caught"') == 2 and "at 6 of 40 items" in row and "at 8 of 12 prompts" in row
     missed = page.text[page.text.index('data-mutant="softmax_scale_drift"') :].split("</tr>")[0]
-    assert missed.count('data-state="missed"') == 2 and f"#{ids[1]}" in missed
+    assert missed.count('data-state="missed"') == 2 and f"#{run_id}" in missed
 
 
 def test_cli_prints_the_stored_matrix_and_refuses_what_it_cannot_run(settings: Settings) -> None:
     upgrade(settings.resolved_database_url())
-    _, ids = queue_batch(settings, ["batch_row_shift"])
-    finish(settings, ids[0], "batch_row_shift", wrong=QUESTIONS[:20], diverged=PROMPTS[3:])
+    _, run_id = queue_batch(settings, ["batch_row_shift"])
+    finish(settings, run_id, {"batch_row_shift": (QUESTIONS[:20], PROMPTS[3:])})
     env = {**os.environ, "KVCANARY_DATA_DIR": str(settings.data_dir)}
 
     def cli(*args: str, folder: Path = settings.profiles_dir) -> subprocess.CompletedProcess[str]:
@@ -199,7 +211,7 @@ def test_cli_prints_the_stored_matrix_and_refuses_what_it_cannot_run(settings: S
 
     shown = cli("--show", PROFILE)
     assert shown.returncode == 0, shown.stderr
-    assert f"| batch_row_shift | caught (at 6 of 40 items, 32 s) [run {ids[0]}] |" in shown.stdout
+    assert f"| batch_row_shift | caught (at 6 of 40 items, 32 s) [run {run_id}] |" in shown.stdout
     wrong = cli("--mutant", "no_such_mutant", PROFILE)
     assert wrong.returncode == 2 and "unknown mutant no_such_mutant" in wrong.stderr
     refused = cli("drift-tiny-gpu", folder=PACKAGED_PROFILES)
@@ -210,14 +222,17 @@ def test_cli_prints_the_stored_matrix_and_refuses_what_it_cannot_run(settings: S
 
 def test_the_release_view_carries_the_latest_mutation_score(client: TestClient, settings: Settings) -> None:
     """A release's row for a profile with a mutation batch says how many mutants the gate saw."""
-    _, ids = queue_batch(settings, ["batch_row_shift", "softmax_scale_drift", "split_lse_merge"])
-    finish(settings, ids[0], "batch_row_shift", wrong=QUESTIONS[:20], diverged=PROMPTS[3:])
-    finish(settings, ids[1], "softmax_scale_drift", wrong=[], diverged=[])
-    got = client.get("/api/v1/releases/git_sha=abc")  # the batch's runs carry the caller's labels
+    _, run_id = queue_batch(settings, ["batch_row_shift", "softmax_scale_drift", "split_lse_merge"])
+    page = client.get("/releases/git_sha=abc")  # the batch's run carries the caller's labels
+    assert page.status_code == 200 and "mutants seen: 0 of 3" in page.text and "(3 not finished)" in page.text
+    finish(settings, run_id, {"batch_row_shift": (QUESTIONS[:20], PROMPTS[3:]), "softmax_scale_drift": ([], [])},
+           dead=["split_lse_merge"])  # fmt: skip
+    got = client.get("/api/v1/releases/git_sha=abc")
     assert got.status_code == 200, got.text
     [row] = [r for r in got.json()["profiles"] if r["profile"] == PROFILE]
-    assert {k: row["mutation"][k] for k in ("caught", "judged", "mutants")} == {"caught": 1, "judged": 2, "mutants": 3}
+    # A dead engine is seen too: the bug crashed the server.
+    assert {k: row["mutation"][k] for k in ("caught", "judged", "mutants")} == {"caught": 2, "judged": 3, "mutants": 3}
     page = client.get("/releases/git_sha=abc")
-    assert page.status_code == 200 and "mutants seen: 1 of 3" in page.text and "(1 not finished)" in page.text
+    assert page.status_code == 200 and "mutants seen: 2 of 3" in page.text and "not finished" not in page.text
     notes = release_markdown(ReleaseSummary.model_validate(got.json()))
-    assert f"- {PROFILE}: 1 of 3 kernel mutants seen (2 finished" in notes
+    assert f"- {PROFILE}: 2 of 3 kernel mutants seen (3 finished" in notes
