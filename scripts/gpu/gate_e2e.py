@@ -133,13 +133,15 @@ MUTANT_FIXTURES = (
 
 
 def mutation_matrices(
-    env: dict[str, str], url: str, out: Path, mutants: Sequence[str]
+    env: dict[str, str], url: str, out: Path, mutants: Sequence[str], fixtures: Sequence[str]
 ) -> list[tuple[str, int, float, str]]:
     """`kvcanary mutants --url` per fixture: (fixture, exit code, seconds, the printed matrix);
-    ``mutants`` empty: the whole catalogue."""
+    ``mutants`` empty: the whole catalogue; ``fixtures`` empty: both."""
     only = [arg for name in mutants for arg in ("--mutant", name)]
     measured = []
     for fixture, profiles in MUTANT_FIXTURES:
+        if fixtures and fixture not in fixtures:
+            continue
         began = time.monotonic()
         print(f"== mutants {fixture}: kvcanary mutants --url {url} {' '.join(profiles)}", flush=True)
         done = subprocess.run(
@@ -235,6 +237,11 @@ def main() -> int:
     )
     parser.add_argument("--port", type=int, default=8077)
     parser.add_argument("--mutants", default="", help="with the mutants group: only these mutants (comma list)")
+    parser.add_argument(
+        "--mutant-fixtures",
+        default="",
+        help=f"with the mutants group: only these fixtures ({','.join(f for f, _ in MUTANT_FIXTURES)}; comma list)",
+    )
     args = parser.parse_args()
     groups = set(args.rows.split(","))
     selected = [row for row in rows() if row.group in groups or row.key in groups]
@@ -272,7 +279,8 @@ def main() -> int:
             (args.out / f"run-{row.key}.json").write_text(json.dumps(run, indent=1, default=str))
         if "mutants" in groups:
             only = [name for name in args.mutants.split(",") if name]
-            matrices = mutation_matrices({**env, "KVCANARY_TOKEN": token}, url, args.out, only)
+            fixtures = [name for name in args.mutant_fixtures.split(",") if name]
+            matrices = mutation_matrices({**env, "KVCANARY_TOKEN": token}, url, args.out, only, fixtures)
     finally:
         service.terminate()
         service.wait(60)

@@ -17,7 +17,8 @@
 # kit/host/, kit/addon-fa3/, wheels/, fixtures/), installs it under /tmp, starts `kvcanary serve`,
 # submits each gate run with `kvcanary submit --wait` and prints the result table. ROWS picks
 # groups (default gsm8k,whisper,mla,legacy; also drift, invariance, and mutants: the mutation matrix of both GPU
-# fixtures, docs/mutants.md; GATE_MUTANTS=a,b picks mutants; tp2 needs two GPUs). A trained MLA checkpoint that
+# fixtures, docs/mutants.md; GATE_MUTANTS=a,b picks mutants, GATE_MUTANT_FIXTURES=triton-attn-llama or
+# triton-mla-480 one fixture; tp2 needs two GPUs). A trained MLA checkpoint that
 # is not in the wheel yet can be given as MLA_MODEL_DIR.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -68,7 +69,7 @@ run() {
   setup "$1" "$out"
   out=$(cd "$out" && pwd)
   cd "$out"  # nothing of the checkout may shadow the installed kvcanary
-  python3 "$here/gate_e2e.py" --out "$out" --rows "$rows" --mutants "${GATE_MUTANTS:-}"
+  python3 "$here/gate_e2e.py" --out "$out" --rows "$rows" --mutants "${GATE_MUTANTS:-}" --mutant-fixtures "${GATE_MUTANT_FIXTURES:-}"
 }
 
 calibrate() {
