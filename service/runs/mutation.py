@@ -254,6 +254,6 @@ def markdown(matrices: Sequence[MutationMatrix]) -> str:
     for matrix in matrices:
         lines.append(
             f"\n{matrix.profile}: batch {matrix.batch or '-'}, {matrix.caught} of {len(matrix.rows)} mutants seen "
-            f"by at least one suite ({matrix.judged} runs finished)"
+            f"by at least one suite; {matrix.judged} of {len(matrix.rows)} judged (their run ended)"
         )
     return "\n".join(lines)
