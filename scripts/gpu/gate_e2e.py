@@ -5,7 +5,7 @@ launcher, suites, scoring and store); the table printed at the end is read back 
 service's API, and each row is checked against what the gate must show. Run it through
 `scripts/gpu/gate_e2e.sh`, which sets up vLLM and kvcanary's dependencies first.
 
-    python scripts/gpu/gate_e2e.py --out OUT [--rows gsm8k,whisper,mla,legacy,tp2,drift,invariance,mutants]
+    python scripts/gpu/gate_e2e.py --out OUT [--rows gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,mutants]
 
 The `mutants` group runs `kvcanary mutants --url` for each GPU fixture (its profile with the drift
 and GSM8k suites): fixed and every mutant of kernels.mutants as the arms of one run, and prints the matrix as
@@ -78,6 +78,22 @@ def _broken(run: dict[str, Any], arm: str) -> list[str]:
     return _arm_verdicts(run, arm, {"fail"})
 
 
+def _fresh_engines(count: int) -> tuple[str, ...]:
+    """`count` arms of the fixed kernels on fresh engines: A/A repeats. Arms must differ, so each sets
+    a prefill budget past anything a run schedules (65,536 + i tokens per step: no prompt or batch of
+    these fixtures is ever chunked), which leaves the engines' math and scheduling the same."""
+    return tuple(arg for i in range(count) for arg in ("--compare", f"fixed,max_num_batched_tokens={65536 + i}"))
+
+
+def _no_fail(run: dict[str, Any], first: int = 0) -> list[str]:
+    """A/A: every judged metric of the arms from ``first`` on anything but `fail` (drift judges no
+    reference arm: ``first=1``), every arm's receipts on the path."""
+    judged = run["variants"][first:]
+    return [p for arm in judged for p in _arm_verdicts(run, arm, {"pass", "warn", "inconclusive"})] + [
+        p for arm in run["variants"] for p in _on_path(run, arm)
+    ]
+
+
 def rows() -> list[Row]:
     ab = ("--compare", "stock,fixed")
     nan, high = ("--canary", "nan_kv_tail"), ("--canary", "high_block_ids")
@@ -122,6 +138,16 @@ def rows() -> list[Row]:
         Row("inv-mla-legacy", "invariance", "invariance-tiny-mla-gpu", ("--compare", "fixed,legacy", *high),
             "legacy (wrong pages past the int32 wrap) fails; the verdict names the conditions",
             lambda r: _status(r, "failed") + _arm_verdicts(r, "legacy", {"fail"}) + _on_path(r, "legacy")),
+        Row("inv-aa", "aa", "invariance-tiny-gpu", _fresh_engines(5),
+            "five fresh fixed engines: every condition within its floor, the arm condition included (0 fail)",
+            _no_fail),
+        Row("inv-mla-aa", "aa", "invariance-tiny-mla-gpu", _fresh_engines(5),
+            "five fresh fixed engines: every condition within its floor, the arm condition included (0 fail)",
+            _no_fail),
+        Row("drift-aa", "aa", "drift-tiny-gpu", _fresh_engines(2), "a fresh fixed engine against fixed: pass",
+            lambda r: _status(r, "passed") + _no_fail(r, first=1)),
+        Row("drift-mla-aa", "aa", "drift-tiny-mla-gpu", _fresh_engines(2), "a fresh fixed engine against fixed: pass",
+            lambda r: _status(r, "passed") + _no_fail(r, first=1)),
     ]  # fmt: skip
 
 
@@ -233,7 +259,7 @@ def main() -> int:
     parser.add_argument(
         "--rows",
         default="gsm8k,whisper,mla,legacy",
-        help="groups (gsm8k,whisper,mla,legacy,tp2,drift,invariance,mutants) or row keys",
+        help="groups (gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,mutants) or row keys",
     )
     parser.add_argument("--port", type=int, default=8077)
     parser.add_argument("--mutants", default="", help="with the mutants group: only these mutants (comma list)")

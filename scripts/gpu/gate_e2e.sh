@@ -16,9 +16,10 @@
 # `run` expects all of that in one folder CARRIED, laid out as `pack` wrote it (kit/part*/,
 # kit/host/, kit/addon-fa3/, wheels/, fixtures/), installs it under /tmp, starts `kvcanary serve`,
 # submits each gate run with `kvcanary submit --wait` and prints the result table. ROWS picks
-# groups (default gsm8k,whisper,mla,legacy; also drift, invariance, and mutants: the mutation matrix of both GPU
-# fixtures, docs/mutants.md; GATE_MUTANTS=a,b picks mutants, GATE_MUTANT_FIXTURES=triton-attn-llama or
-# triton-mla-480 one fixture; tp2 needs two GPUs). A trained MLA checkpoint that
+# groups (default gsm8k,whisper,mla,legacy; also drift, invariance, aa: A/A repeats on fresh
+# engines, and mutants: the mutation matrix of both GPU fixtures, docs/mutants.md; GATE_MUTANTS=a,b
+# picks mutants, GATE_MUTANT_FIXTURES=triton-attn-llama or triton-mla-480 one fixture; tp2 needs
+# two GPUs). A trained MLA checkpoint that
 # is not in the wheel yet can be given as MLA_MODEL_DIR.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
