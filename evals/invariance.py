@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from evals.drift_verdict import DEFAULT_KL_MARGIN, judge_drift, mean_interval
+from evals.drift_verdict import DEFAULT_DLOGPROB_MARGIN, DEFAULT_KL_MARGIN, judge_drift, mean_interval
 from evals.logprob_drift import PromptDrift, TopK, kl_topk
 from evals.verdict import Baseline, MetricJudgement, Verdict
 
@@ -198,13 +198,14 @@ class ConditionResult:
 
 def _condition(
     suite: str, metric: str, name: str, rows: Mapping[str, Mapping[str, Any]], lens: Mapping[str, int],
-    tolerance: float, baseline: Baseline | None, alpha: float,
+    tolerance: float, dlogprob_tolerance: float, baseline: Baseline | None, alpha: float,
 ) -> ConditionResult:  # fmt: skip
     """One condition judged by the drift rule against its own floor (rows: key -> stored row)."""
     shaped = {
-        key: {"drift": r["drift"], "floor": r["floor"], "finite": r["drift"]["finite"], "kl_tolerance": tolerance}
+        key: {"drift": r["drift"], "floor": r["floor"], "finite": r["drift"]["finite"], "kl_tolerance": tolerance,
+              "dlogprob_tolerance": dlogprob_tolerance}
         for key, r in rows.items()
-    }
+    }  # fmt: skip
     judged = judge_drift(suite, f"{metric}.{name}", shaped, baseline, alpha=alpha)
     drifts = {key: r["drift"] for key, r in rows.items()}
     divergent = sorted(
@@ -275,9 +276,11 @@ def judge_invariance(
         if built:
             rows = next(iter(candidate.values()))
             tolerances[name] = float(
-                rows.get("tolerances", {}).get(name, rows.get("kl_tolerance", DEFAULT_KL_MARGIN))
+                (rows.get("tolerances") or {}).get(name, rows.get("kl_tolerance", DEFAULT_KL_MARGIN))
             )
-            results.append(_condition(suite, metric, name, built, lens, tolerances[name], baseline, alpha))
+            default_dlogprob = rows.get("dlogprob_tolerance") or DEFAULT_DLOGPROB_MARGIN
+            dlogprob = float((rows.get("dlogprob_tolerances") or {}).get(name, default_dlogprob))
+            results.append(_condition(suite, metric, name, built, lens, tolerances[name], dlogprob, baseline, alpha))
     details: dict[str, float | int | str | None] = {"n": len(candidate), "alpha": alpha}
     for r in results:
         details.update({f"{r.name}.verdict": r.verdict, f"{r.name}.prompts": r.compared,

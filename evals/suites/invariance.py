@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from evals import invariance as inv
 from evals.diff import SampleLike
-from evals.drift_verdict import DEFAULT_KL_MARGIN
+from evals.drift_verdict import DEFAULT_DLOGPROB_MARGIN, DEFAULT_KL_MARGIN
 from evals.invariance import Observation, observe
 from evals.invariance_conditions import Asker, EngineFacts, PromptRun, batch, engine_facts, family, sequential
 from evals.metric_kinds import MetricKind
@@ -59,8 +59,10 @@ PER_REQUEST: tuple[ConditionName, ...] = ("decode_prefill", "batch", "prefix_hit
 
 
 class InvarianceConfig(SuiteConfig):
-    """`limit` GSM8k prompts; `conditions` the per-request conditions to build; `tolerances` a
-    per-condition KL tolerance (nats over the floor) where one must differ from `kl_tolerance`."""
+    """`limit` GSM8k prompts; `conditions` the per-request conditions to build; `tolerances` and
+    `dlogprob_tolerances` a per-condition KL and decode |delta logprob| margin (nats over the floor)
+    where one must differ from `kl_tolerance` / `dlogprob_tolerance`: an engine-level arm that
+    changes more than attention (CUDA graphs compile the model) moves decode logprobs honestly."""
 
     limit: int | None = Field(16, ge=1)
     questions_file: Path = Path("fixture:gsm8k-test.jsonl")
@@ -77,6 +79,18 @@ class InvarianceConfig(SuiteConfig):
     seed: int = 0
     kl_tolerance: float = Field(DEFAULT_KL_MARGIN, ge=0)
     tolerances: dict[str, float] = Field(default_factory=dict)
+    dlogprob_tolerance: float = Field(DEFAULT_DLOGPROB_MARGIN, ge=0)
+    dlogprob_tolerances: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("tolerances", "dlogprob_tolerances")
+    @classmethod
+    def _known_conditions(cls, value: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(value) - {*PER_REQUEST, "arm"})
+        if unknown:
+            raise ValueError(f"no condition named {', '.join(unknown)}; conditions: {', '.join([*PER_REQUEST, 'arm'])}")
+        if any(v < 0 for v in value.values()):
+            raise ValueError("a tolerance is nats over the floor: it cannot be negative")
+        return value
 
 
 def _prompt_hash(ids: Sequence[int]) -> str:
@@ -112,6 +126,8 @@ def _sample(item: PromptRun, config: InvarianceConfig, engine: EngineFacts, cont
         "finite": finite,
         "kl_tolerance": config.kl_tolerance,
         "tolerances": dict(config.tolerances),
+        "dlogprob_tolerance": config.dlogprob_tolerance,
+        "dlogprob_tolerances": dict(config.dlogprob_tolerances),
         "engine": {key: engine.info[key] for key in ("block_size", "cache_dtype", "enable_prefix_caching")
                    if key in engine.info},
         "control": list(control.tokens) if control is not None else None,
@@ -199,7 +215,8 @@ def run(context: SuiteContext) -> SuiteOutcome:
 
 def _scores(samples: Mapping[str, SampleLike], metric: str) -> dict[str, Any]:
     """key -> the prompt's condition rows, as `judge_invariance` reads them."""
-    keep = ("conditions", "prompt_len", "kl_tolerance", "tolerances", "seconds")
+    keep = ("conditions", "prompt_len", "kl_tolerance", "tolerances", "dlogprob_tolerance", "dlogprob_tolerances",
+            "seconds")
     return {key: {k: s.data.get(k) for k in keep} for key, s in samples.items() if "conditions" in s.data}
 
 

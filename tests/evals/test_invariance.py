@@ -14,7 +14,7 @@ import pytest
 from evals.invariance import Observation, diff_invariance, judge_invariance, observe, row, skipped
 from evals.logprob_drift import PromptDrift
 from evals.suites.base import Sample
-from evals.suites.invariance import INVARIANCE
+from evals.suites.invariance import INVARIANCE, InvarianceConfig
 
 PROMPT_LEN = 10
 
@@ -112,6 +112,25 @@ def test_batch_composition_is_held_to_its_own_floor_not_to_zero() -> None:
     assert judged.details["batch.floor_mean_kl"] == pytest.approx(0.05, abs=1e-3)
     against_zero = judge_invariance("invariance", "kl", _rows({"batch": _same(kl=0.05)}), None)
     assert against_zero.verdict == "fail" and "diverges on batch composition" in against_zero.explanation
+
+
+def test_an_engine_arm_gets_its_own_decode_margin_and_a_misnamed_condition_is_refused() -> None:
+    """CUDA graphs compile the whole model, so an arm that turns them on moves decode logprobs by
+    ~1.5e-3 nats with correct kernels: over the default 1e-3 margin, inside a per-condition one."""
+    moved = [
+        row((PromptDrift(None, True, 2e-3 + 1e-4 * (i % 3), 1e-5, 2e-5, 1.0, 0.0, True), 20), (_drift(), 20))
+        for i in range(16)
+    ]
+    rows = _rows({"decode_prefill": _same(), "arm": moved})
+    assert judge_invariance("invariance", "kl", rows, None).details["arm.verdict"] == "fail"
+    for r in rows.values():
+        r["dlogprob_tolerances"] = {"arm": 5e-3}
+    judged = judge_invariance("invariance", "kl", rows, None)
+    assert judged.details["arm.verdict"] == "warn" and judged.verdict == "warn", judged.explanation
+    config = InvarianceConfig.model_validate({"dlogprob_tolerances": {"arm": 5e-3}})
+    assert config.dlogprob_tolerances == {"arm": 5e-3}
+    with pytest.raises(ValueError, match="no condition named prefix_hits"):
+        InvarianceConfig.model_validate({"tolerances": {"prefix_hits": 1e-3}})
 
 
 def test_conditions_that_cannot_be_built_are_skipped_with_their_reasons() -> None:
