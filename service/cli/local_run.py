@@ -1,7 +1,8 @@
 """`kvcanary run`: one profile on this host, without a service: engine, suites, verdict, a table.
 
-The run is queued and claimed in the configured database and executed by the same pipeline a
-service's worker runs (the one call to it is in `run`), so the dashboard can show it later.
+The run is queued and claimed in the configured database and executed by the pipeline a
+service's worker runs (`pipeline.execute`, started on a thread in `run`: its one call site in
+the command line), so the dashboard can show it later.
 """
 
 from __future__ import annotations
