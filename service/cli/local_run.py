@@ -1,8 +1,8 @@
 """`kvcanary run`: one profile on this host, without a service: engine, suites, verdict, a table.
 
 The run is queued and claimed in the configured database and executed by the pipeline a
-service's worker runs (`pipeline.execute`, started on a thread in `run`: its one call site in
-the command line), so the dashboard can show it later.
+service's worker runs, started on a thread in `run` (the command line's one call into
+`service.runs.pipeline`), so the dashboard can show it later.
 """
 
 from __future__ import annotations
