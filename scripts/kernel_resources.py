@@ -33,9 +33,11 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kernels._decode_kernel import _decode_split_kernel
 from kernels._split_kv import schedule_lanes
-from kernels.decode_attention import _decode_split_kernel, _pages_a_tile_meets
-from kernels.unified_attention import _unified_attention_kernel, query_rows
+from kernels._unified_kernel import _unified_attention_kernel
+from kernels.decode_attention import _pages_a_tile_meets
+from kernels.unified_attention import query_rows
 
 _POINTERS = {
     "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "table_ptr": "*i32", "block_table_ptr": "*i32",

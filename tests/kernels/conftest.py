@@ -25,7 +25,14 @@ import torch
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
-_KERNEL_MODULES = ("kernels._split_kv", "kernels.unified_attention", "kernels.decode_attention")
+# In import order: the launchers import the programs, which import the split-KV helpers.
+_KERNEL_MODULES = (
+    "kernels._split_kv",
+    "kernels._unified_kernel",
+    "kernels._decode_kernel",
+    "kernels.unified_attention",
+    "kernels.decode_attention",
+)
 
 
 def _import_kernels_interpreted() -> None:
@@ -34,7 +41,7 @@ def _import_kernels_interpreted() -> None:
     try:
         from triton.runtime.interpreter import InterpretedFunction
 
-        from kernels.unified_attention import _unified_attention_kernel
+        from kernels._unified_kernel import _unified_attention_kernel
 
         if not isinstance(_unified_attention_kernel, InterpretedFunction):
             for name in _KERNEL_MODULES:

@@ -210,10 +210,10 @@ def answer_through(
     """`kvcanary submit`'s answer loop over these replies in turn (a fake transport: a real
     service cannot be made to answer 429, 502 or 503 on a chosen request): its final response
     and the waits it took, with no real sleep."""
-    from service.cli import _answer, _Silence
+    from service.cli.submit import _answer, _Silence
 
     waits: list[float] = []
-    monkeypatch.setattr("service.cli.time.sleep", waits.append)
+    monkeypatch.setattr("service.cli.submit.time.sleep", waits.append)
     transport = httpx.MockTransport(lambda request: answers.pop(0))
     with httpx.Client(base_url="http://kvcanary", transport=transport) as client:
         response = _answer(

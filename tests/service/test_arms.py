@@ -23,7 +23,7 @@ from sqlalchemy import MetaData, Table, create_engine
 
 from service.arms import ArmError, describe_outcome, parse_compare, parse_expect, plan, run_arms
 from service.auth import Role
-from service.cli import _exit_code
+from service.cli.common import exit_code
 from service.db.migrate import upgrade
 from service.db.models import Run, SuiteResult
 from service.db.session import session_scope
@@ -238,10 +238,10 @@ def detail(status: str, outcome: str | None, expect: dict[str, str] | None, verd
 
 def test_exit_codes_and_junit_follow_the_outcome_when_expectations_are_given(tmp_path: Path) -> None:
     expect = {"fixed": "pass", "legacy": "fail"}
-    assert _exit_code(detail("failed", "as_expected", expect)) == 0  # the mutant was caught
-    assert _exit_code(detail("passed", "unexpected", expect, verdict="pass")) == 1  # it went unseen
-    assert _exit_code(detail("error", "unexpected", expect)) == 2  # an error stays an error
-    assert _exit_code(detail("failed", None, None)) == 1  # no expectations: the verdict decides
+    assert exit_code(detail("failed", "as_expected", expect)) == 0  # the mutant was caught
+    assert exit_code(detail("passed", "unexpected", expect, verdict="pass")) == 1  # it went unseen
+    assert exit_code(detail("error", "unexpected", expect)) == 2  # an error stays an error
+    assert exit_code(detail("failed", None, None)) == 1  # no expectations: the verdict decides
     junit = tmp_path / "caught.xml"
     write_junit(detail("failed", "as_expected", expect), junit)
     suite = ET.parse(junit).getroot()

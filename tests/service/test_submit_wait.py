@@ -129,7 +129,7 @@ def test_a_resent_post_carries_the_key_the_call_made(monkeypatch: pytest.MonkeyP
         return httpx.Response(422, json={"detail": "stop here"})
 
     monkeypatch.setattr(
-        "service.cli.httpx.Client", functools.partial(httpx.Client, transport=httpx.MockTransport(answer))
+        "service.cli.submit.httpx.Client", functools.partial(httpx.Client, transport=httpx.MockTransport(answer))
     )
     code, output, _ = run_cli("--url", "http://kvcanary")
     assert code == 2 and "service not answering (ReadTimeout)" in output and "stop here" in output
