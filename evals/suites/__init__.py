@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from evals.suites.base import SuiteDefinition
 
 if TYPE_CHECKING:  # the kinds compute with numpy; the bare client install has none
-    from evals.metric_kinds import MetricKind
+    from evals.kinds import MetricKind
 
 _MODULES = (
     "evals.suites.gsm8k",

@@ -8,7 +8,7 @@ nondeterminism. A later arm (`context.reference_samples`: the first arm of an A/
 promoted reference run's stored samples) is the candidate: it generates the same way, scores
 the reference's sequences teacher-forced, and every prompt stores both arms' tokens and
 logprobs with the comparison (`evals.logprob_drift`). The verdict comes from the metric kind
-`DRIFT` (`evals.drift_kind`; the rule, every path against its own floor and margin, in
+`DRIFT` (`evals.kinds.drift`; the rule, every path against its own floor and margin, in
 `evals.drift_verdict`).
 
 Prompts are GSM8k few-shot prompts plus edge lengths: prompts whose token count puts
@@ -39,8 +39,9 @@ import httpx
 from pydantic import Field
 
 from evals import fixtures, retry
-from evals.drift_kind import DRIFT, NOT_FINITE
 from evals.drift_verdict import DEFAULT_DLOGPROB_MARGIN, DEFAULT_KL_MARGIN, kl_value
+from evals.kinds.drift import KIND as DRIFT
+from evals.kinds.drift import NOT_FINITE
 from evals.logprob_drift import ArmOutput, PromptDrift, TopK, compare, pack, unpack
 from evals.suites.base import (
     MetricSpec,

@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from evals.invariance import Observation, diff_invariance, judge_invariance, observe, row, skipped
+from evals.invariance import Observation, judge_invariance, observe, row, skipped
+from evals.kinds.invariance import KIND as INVARIANCE
+from evals.kinds.invariance import diff_invariance
 from evals.logprob_drift import PromptDrift
 from evals.suites.base import Sample
-from evals.suites.invariance import INVARIANCE
 
 PROMPT_LEN = 10
 

@@ -53,10 +53,7 @@ def utterance(key: str, errors: int, words: int = 10) -> Sample:
         prompt_hash=f"h-{key}",
         target=f"reference words of {key}",
         response=f"hypothesis with {errors} errors",
-        substitutions=errors,
-        deletions=0,
-        insertions=0,
-        ref_words=words,
+        data={"wer": {"substitutions": errors, "deletions": 0, "insertions": 0, "ref_words": words}},
     )
 
 
@@ -220,6 +217,7 @@ def test_drift_rows_diff_by_first_divergence_and_page_shows_worst_first(client: 
 def test_samples_view_of_a_suite_whose_profile_names_its_metrics() -> None:
     """The generic lm-eval suite declares no metric (its profile's config names them): its samples
     show as its open kind, as do a no-longer-registered suite's, as items."""
-    from service.dashboard.runs import _shown_kind
+    from service.dashboard.views import shown_kind
 
-    assert (_shown_kind("lm-eval"), _shown_kind("wer"), _shown_kind("gone")) == ("accuracy", "wer", "accuracy")
+    shown = (shown_kind("lm-eval").name, shown_kind("wer").name, shown_kind("gone").name)
+    assert shown == ("accuracy", "wer", "accuracy")
