@@ -117,7 +117,7 @@ def _suite_diff(suite: str, a: dict[str, Sample], b: dict[str, Sample], top: int
 def diff_runs(
     session: Session, a: Run, b: Run, *, arm_a: str | None = None, arm_b: str | None = None, top: int = 50
 ) -> RunDiff:
-    """Per suite both runs stored, what its metric kinds diff: accuracy flips, the `top` largest WER changes."""
+    """Per suite both runs stored, what its metric kinds diff (at most `top` items per section)."""
     stored_a, stored_b = arms_and_suites(session, a.id), arms_and_suites(session, b.id)
     side_a, side_b = pick_arm(a, stored_a, arm_a), pick_arm(b, stored_b, arm_b)
     suites_a, suites_b = set(stored_a[side_a]), set(stored_b[side_b])
