@@ -138,10 +138,14 @@ class MetricOut(BaseModel):
     verdict: str | None
     explanation: str
     details: dict[str, Any]
+    shown: str | None = Field(None, description="The value as its metric kind writes it, e.g. `not finite`")
 
     @classmethod
     def of(cls, row: SuiteResult) -> MetricOut:
-        return cls.model_validate(row)
+        from evals.suites import shown  # the kinds compute with numpy, which the client has not
+
+        out = cls.model_validate(row)
+        return out.model_copy(update={"shown": shown(row.suite, row.metric, row.value, row.details)})
 
 
 class ArmOut(BaseModel):

@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from service.numbers import format_number
+
 if TYPE_CHECKING:
     from evals.suites.base import Sample
     from evals.verdict import Judge
@@ -64,6 +66,8 @@ class MetricKind:
     `severity(sample, metric)`: how bad a sample is; pages list the worst first (None: unscored).
     `totals`: per-suite sums pages show, each the sum of `data[a][b]` over the paths named.
     `marks(target, response)`: what the samples page marks inside a sample's texts (None: nothing).
+    `display(value, details, missing)`: the value as every report writes it (CLI, JUnit, pages,
+    summaries), in `service.numbers`' format; `missing` where there is no value.
     """
 
     name: str
@@ -80,6 +84,9 @@ class MetricKind:
     empty: Any = None  # the section where the suite has none (accuracy: no metric, an empty list)
     totals: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     marks: Callable[[str, str], Any] | None = None
+    display: Callable[[float | None, Mapping[str, Any] | None, str], str] = (
+        lambda value, _details, missing: format_number(value, missing=missing)
+    )
 
 
 def registry() -> dict[str, MetricKind]:

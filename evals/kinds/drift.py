@@ -8,7 +8,7 @@ greedy decode never diverged, and orders the worst (highest KL; non-finite first
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -17,9 +17,17 @@ from evals.drift_verdict import judge_drift
 from evals.kinds import Change, MetricKind, Samples
 from evals.logprob_drift import compare, unpack
 from evals.suites.base import Sample
+from service.numbers import format_number
 
 NOT_FINITE = 1e30  # a non-finite KL where a number must be stored: above any KL, and still a JSON number
 # (an infinity is not); the judgement's `kl_finite` flag says it is not a KL
+
+
+def display(value: float | None, details: Mapping[str, Any] | None, missing: str) -> str:
+    """A KL, or "not finite" where the judgement flags it so: the stored number is a placeholder."""
+    if details is not None and details.get("kl_finite") is False:
+        return "not finite"
+    return format_number(value, missing=missing)
 
 
 def _scores(samples: Samples, metric: str) -> dict[str, Any]:
@@ -99,4 +107,5 @@ KIND = MetricKind(
     changes=_changes,
     passed=_passed,
     severity=_severity,
+    display=display,
 )

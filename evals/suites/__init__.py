@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from evals.suites.base import SuiteDefinition
 
@@ -38,3 +39,15 @@ def get(name: str) -> SuiteDefinition:
 def metric_kind(suite: str, metric: str) -> MetricKind:
     """The declared kind of one metric of a registered suite."""
     return get(suite).kind_of(metric)
+
+
+def shown(suite: str, metric: str, value: float | None, details: Mapping[str, Any] | None, missing: str = "-") -> str:
+    """A stored metric's value as its kind writes it; a suite or metric no longer registered as a
+    plain number (`service.numbers`)."""
+    from evals import kinds
+
+    try:
+        kind = metric_kind(suite, metric)
+    except KeyError:
+        kind = kinds.get("accuracy")
+    return kind.display(value, details, missing)

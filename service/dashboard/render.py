@@ -13,7 +13,7 @@ from fastapi.templating import Jinja2Templates
 
 from service.api.deps import ANONYMOUS, COOKIE, Caller, csrf_token
 from service.dashboard.assets import PLOTLY_URL
-from service.numbers import DECIMALS, format_metric, format_number, format_signed
+from service.numbers import DECIMALS, format_number, format_signed
 from service.releases.schemas import release_path
 from service.runs.state import ACTIVE, Status
 
@@ -50,11 +50,6 @@ def since(value: datetime | None) -> str:
 def number(value: float | int | None, digits: int = DECIMALS) -> str:
     """Numbers as every report writes them (`service.numbers`), a dash where there is none."""
     return format_number(value, digits, missing="—")
-
-
-def metric(value: float | None, details: dict[str, Any] | None) -> str:
-    """A metric's value, or "not finite" (`service.numbers.format_metric`)."""
-    return format_metric(value, details, missing="—")
 
 
 def is_link(value: str) -> bool:
@@ -110,7 +105,7 @@ def _templates() -> Jinja2Templates:
     templates = Jinja2Templates(directory=HERE / "templates")
     env = templates.env
     env.filters.update(
-        when=when, duration=duration, since=since, number=number, signed=format_signed, metric=metric,
+        when=when, duration=duration, since=since, number=number, signed=format_signed,
         question=question_of, token_strip=token_strip,
     )
     env.tests["link"] = is_link

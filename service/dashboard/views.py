@@ -19,7 +19,7 @@ from evals.verdict import Baseline, threshold
 from service.baselines import list_baselines
 from service.db.models import Run, SuiteResult
 from service.db.models import Sample as SampleRow
-from service.numbers import format_metric, format_number
+from service.numbers import format_number
 from service.schemas import BaselineOut
 
 
@@ -59,7 +59,7 @@ def _point(row: SuiteResult, run: Run) -> dict[str, Any]:
         "at": run.created_at.isoformat(),
         "arm": row.arm,
         "value": None if (row.details or {}).get("kl_finite") is False else row.value,  # not finite: no point
-        "shown": format_metric(row.value, row.details),
+        "shown": suite_registry.shown(row.suite, row.metric, row.value, row.details),
         "ci_low": row.ci_low,
         "ci_high": row.ci_high,
         "n": row.n,

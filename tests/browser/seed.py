@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from evals import suites
 from evals.kinds.accuracy import judge_accuracy
 from evals.kinds.wer import judge_wer
 from evals.suites.base import MetricValue, Sample
@@ -22,7 +23,6 @@ from evals.verdict import Baseline, MetricJudgement, run_verdict
 from service.db.models import Baseline as BaselineRow
 from service.db.models import Run, utcnow
 from service.db.session import session_scope
-from service.numbers import format_metric
 from service.runs import store
 
 GSM8K = "kimi-linear-48b-a3b"
@@ -191,7 +191,7 @@ def _conclude(run: Run, judgements: list[MetricJudgement]) -> None:
     run.verdict = run_verdict(judgements)
     run.status = "failed" if run.verdict == "fail" else "passed"
     run.verdict_summary = f"{run.verdict}: " + "; ".join(
-        f"{j.suite}.{j.metric} {format_metric(j.value, j.details)}: {j.verdict}" for j in judgements
+        f"{j.suite}.{j.metric} {suites.shown(j.suite, j.metric, j.value, j.details)}: {j.verdict}" for j in judgements
     )
 
 
