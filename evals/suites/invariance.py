@@ -48,7 +48,8 @@ from evals.invariance import Observation, observe
 from evals.invariance_conditions import Asker, EngineFacts, PromptRun, batch, engine_facts, family, sequential
 from evals.kinds.invariance import KIND as INVARIANCE
 from evals.suites.base import MetricSpec, MetricValue, Sample, SuiteConfig, SuiteContext, SuiteDefinition, SuiteOutcome
-from evals.suites.drift import DriftConfig, Prompt, _Client, _gsm8k_texts
+from evals.suites.drift import DriftConfig, Prompt, _gsm8k_texts
+from evals.suites.logprob_client import Client
 
 NAME = "invariance"
 METRIC = "kl"
@@ -128,7 +129,7 @@ async def _run(context: SuiteContext) -> tuple[list[Sample], int]:
     width = max(config.concurrency, (config.limit or 0) + config.batch_fillers + 1)
     limits = httpx.Limits(max_connections=width, max_keepalive_connections=width)
     async with httpx.AsyncClient(timeout=config.request_timeout_s, limits=limits) as http:
-        client = _Client(context, http)
+        client = Client(context, http)
         source = DriftConfig(limit=config.limit, questions_file=config.questions_file,
                              fewshot_file=config.fewshot_file, num_fewshot=config.num_fewshot)  # fmt: skip
         prompts = [Prompt(key, text, (await client.tokenize(text))[0], 0) for key, text in _gsm8k_texts(source)]
