@@ -10,7 +10,8 @@ partial per view (`samples/<kind>.html`, `diff/<kind>.html`), with no branch add
 
 - `accuracy`: per-item correct flags, Wilson interval, exact McNemar when paired;
 - `wer`: per-utterance word error counts, corpus WER, (paired) bootstrap over utterances;
-- `mean`: any other per-item number (F1, BLEU per item), mean with a (paired) bootstrap;
+- `mean`: any other per-item number (F1 per item), mean with a (paired) bootstrap;
+- `corpus`: an lm-eval metric aggregated over the corpus (BLEU, perplexity), resampling items;
 - `drift`: greedy decode and logprobs against an A/A floor (`evals.drift_verdict`);
 - `invariance`: the same tokens under serving conditions (`evals.invariance`).
 """
@@ -36,6 +37,7 @@ _MODULES = (
     "evals.kinds.drift",
     "evals.kinds.invariance",
     "evals.kinds.mean",
+    "evals.kinds.corpus",
 )
 
 

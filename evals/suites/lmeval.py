@@ -6,9 +6,11 @@ each the metrics to judge, in lm-eval's own `metric,filter` spelling. Each is re
 higher/lower-is-better. Per-item rows come from lm-eval's logged samples: a metric whose
 per-item value is 0 or 1 (accuracy, exact match, pass@1: `ZERO_ONE`) becomes a `correct` flag, so
 it is judged like GSM8k (McNemar against a reference, Wilson interval, MDE); any other metric
-(F1, a per-item BLEU) keeps its per-item number for the mean kind (`evals.kinds.mean`: mean with
-a bootstrap interval, paired bootstrap against a reference). Log-likelihood items (multiple
-choice) are scored from several requests and are stored once lm-eval finishes.
+(F1) keeps its per-item number for the mean kind (`evals.kinds.mean`: mean with a bootstrap
+interval, paired bootstrap against a reference), and a corpus-level one (BLEU, perplexity) keeps
+each item's record for the corpus kind (`evals.kinds.corpus`: lm-eval's own aggregation,
+resampling items). Log-likelihood items (multiple choice) are scored from several requests and
+are stored once lm-eval finishes.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from evals.kinds import MetricKind
+from evals.kinds import corpus as corpus_kind
 from evals.kinds import mean as mean_kind
 from evals.kinds.accuracy import KIND as ACCURACY
 from evals.suites.base import (
@@ -146,11 +149,16 @@ def _samples(results: Mapping[str, Any], config: LmEvalConfig) -> list[Sample]:
                     base, _, wanted_filter = metric.partition(",")
                     value = entry.get(base)
                     name = f"{task.name}:{metric}"
-                    if wanted_filter != flt or not isinstance(value, bool | int | float):
+                    kind = kind_of(name)
+                    if wanted_filter != flt or value is None:
                         continue
-                    if kind_of(name) is ACCURACY and value in (0, 1):
+                    if kind is corpus_kind.KIND:  # a record the corpus aggregation reads (reference, prediction)
+                        row["data"].setdefault(corpus_kind.NAME, {})[name] = json.loads(json.dumps(value))
+                    elif not isinstance(value, bool | int | float):
+                        continue
+                    elif kind is ACCURACY and value in (0, 1):
                         row["correct"][name] = bool(value)
-                    elif kind_of(name) is mean_kind.KIND:
+                    elif kind is mean_kind.KIND:
                         row["data"].setdefault(mean_kind.NAME, {})[name] = float(value)
     return [
         Sample(
@@ -251,8 +259,10 @@ def run(context: SuiteContext) -> SuiteOutcome:
 
 
 def kind_of(metric: str) -> MetricKind:
-    """`task:metric,filter` -> accuracy for lm-eval's 0/1 metrics, else the mean of the per-item numbers."""
-    return ACCURACY if metric.partition(":")[2].partition(",")[0] in ZERO_ONE else mean_kind.KIND
+    """`task:metric,filter` -> accuracy for lm-eval's 0/1 metrics, corpus for its corpus-level ones
+    (BLEU, perplexity), else the mean of the per-item numbers."""
+    base = metric.partition(":")[2].partition(",")[0]
+    return ACCURACY if base in ZERO_ONE else corpus_kind.KIND if base in corpus_kind.METRICS else mean_kind.KIND
 
 
 DEFINITION = SuiteDefinition(name=NAME, config_model=LmEvalConfig, metrics=(), run=run, open_kind=kind_of)

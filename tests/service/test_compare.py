@@ -224,13 +224,13 @@ def test_samples_view_of_a_suite_whose_profile_names_its_metrics() -> None:
 
 
 def test_lm_eval_metrics_of_two_kinds_diff_side_by_side(client: TestClient, settings: Settings) -> None:
-    """An lm-eval task scored by exact match (0/1) and F1 (a number per item): each metric's kind
-    diffs it, and the compare page shows both sections."""
-    em, f1 = "t:exact_match,none", "t:f1,none"
+    """An lm-eval task scored by exact match (0/1), F1 (a number per item) and corpus BLEU: each
+    metric's kind diffs it, and the compare page shows every section."""
+    em, f1, bleu = "t:exact_match,none", "t:f1,none", "t:bleu,none"
 
     def item(key: str, right: bool, score: float) -> Sample:
-        return Sample(key=key, prompt_hash="h", target="7", response=f"r{score}", correct={em: right},
-                      data={"mean": {f1: score}})  # fmt: skip
+        data = {"mean": {f1: score}, "corpus": {bleu: ["a b c d", "a b c d" if score else "x"]}}
+        return Sample(key=key, prompt_hash="h", target="7", response=f"r{score}", correct={em: right}, data=data)
 
     runs = []
     for scores in ([1.0, 0.5, 0.25], [1.0, 0.75, 0.0]):
@@ -243,12 +243,16 @@ def test_lm_eval_metrics_of_two_kinds_diff_side_by_side(client: TestClient, sett
             runs.append(run.id)
     a, b = runs
     [suite] = client.get(f"/api/v1/runs/{a}/diff/{b}").json()["suites"]
-    assert suite["kinds"] == ["accuracy", "mean"] and suite["wer"] is None
+    assert suite["kinds"] == ["corpus", "accuracy", "mean"] and suite["wer"] is None
+    [corpus] = suite["corpus"]
+    assert (corpus["metric"], corpus["matched"], corpus["value_a"]) == (bleu, 3, pytest.approx(100))
+    assert corpus["value_b"] < 100
     [mean] = suite["mean"]
     assert (mean["metric"], mean["matched"], mean["lower"], mean["higher"]) == (f1, 3, 1, 1)
     assert [c["key"] for c in mean["changes"]] == ["t-2", "t-1"]  # -0.25 before +0.25: falls first
     assert [m["metric"] for m in suite["accuracy"]] == [em]
     page = client.get(f"/compare/{a}/{b}")
     assert page.status_code == 200 and 'class="flips mean-changes"' in page.text and "0.2500 → 0.0000" in page.text
+    assert f'<tr data-metric="{bleu}">' in page.text
     samples = client.get(f"/api/v1/runs/{b}/samples", params={"suite": "lm-eval"}).json()["items"]
     assert [s["key"] for s in samples] == ["t-2", "t-1", "t-0"]  # the lowest score first
