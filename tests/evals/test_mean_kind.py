@@ -30,7 +30,7 @@ def test_lm_eval_names_a_kind_per_metric() -> None:
     assert suites.metric_kind("lm-eval", "gsm8k:exact_match,strict-match") is ACCURACY
     assert suites.metric_kind("lm-eval", "mmlu:acc,none") is ACCURACY
     assert suites.metric_kind("lm-eval", F1) is mean.KIND
-    assert suites.metric_kind("lm-eval", "wmt16:bleu,none") is mean.KIND
+    assert suites.metric_kind("lm-eval", "drop:f1,none") is mean.KIND
 
 
 def test_the_mean_passes_near_its_baseline_and_fails_below_it() -> None:
