@@ -70,6 +70,8 @@ class MetricKind:
     `marks(target, response)`: what the samples page marks inside a sample's texts (None: nothing).
     `display(value, details, missing)`: the value as every report writes it (CLI, JUnit, pages,
     summaries), in `service.numbers`' format; `missing` where there is no value.
+    `plotted(value, details)`: the value a chart draws (None: no point, e.g. a non-finite KL).
+    `filters`: template filters the kind's dashboard partials use, by name.
     """
 
     name: str
@@ -89,6 +91,8 @@ class MetricKind:
     display: Callable[[float | None, Mapping[str, Any] | None, str], str] = (
         lambda value, _details, missing: format_number(value, missing=missing)
     )
+    plotted: Callable[[float, Mapping[str, Any] | None], float | None] = lambda value, _details: value
+    filters: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
 
 
 def registry() -> dict[str, MetricKind]:

@@ -96,6 +96,38 @@ def _changes(d: DriftDiff) -> list[Change]:
     return [Change(None, d.matched, d.diverged, 0, summary)]
 
 
+STRIP_FULL_SCALE = 1.0  # |delta logprob| (nats) at which a token's colour is full
+
+
+def token_strip(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """A drift sample's greedy tokens, each with its |delta logprob| against the reference arm.
+
+    `shade` (0..1) colours the token; the first divergent position is `first`, and tokens past
+    it have no delta (the arms no longer condition on the same text). A reference row (no
+    comparison) shows its tokens unshaded.
+    """
+    arm = data.get("arm") or {}
+    reference = data.get("reference") or {}
+    first = (data.get("drift") or {}).get("first_divergence")
+    strip = []
+    for i, token in enumerate(arm.get("tokens", [])):
+        mine = arm["logprobs"][i] if i < len(arm.get("logprobs", [])) else None
+        theirs = reference.get("logprobs", [])[i] if i < len(reference.get("logprobs", [])) else None
+        before = first is None or i < first
+        delta = abs(mine - theirs) if reference and before and mine is not None and theirs is not None else None
+        strip.append(
+            {
+                "token": token,
+                "logprob": mine,
+                "delta": delta,
+                "shade": min(1.0, delta / STRIP_FULL_SCALE) if delta is not None else 0.0,
+                "first": i == first,
+                "after": first is not None and i > first,
+            }
+        )
+    return strip
+
+
 KIND = MetricKind(
     name="drift",
     direction="lower",
@@ -108,4 +140,6 @@ KIND = MetricKind(
     passed=_passed,
     severity=_severity,
     display=display,
+    plotted=lambda value, details: None if (details or {}).get("kl_finite") is False else value,
+    filters={"token_strip": token_strip},
 )

@@ -41,13 +41,17 @@ def metric_kind(suite: str, metric: str) -> MetricKind:
     return get(suite).kind_of(metric)
 
 
-def shown(suite: str, metric: str, value: float | None, details: Mapping[str, Any] | None, missing: str = "-") -> str:
-    """A stored metric's value as its kind writes it; a suite or metric no longer registered as a
-    plain number (`service.numbers`)."""
+def stored_kind(suite: str, metric: str) -> MetricKind:
+    """The kind of a stored result's metric; one of a suite or metric no longer registered reads as
+    a plain number (accuracy's)."""
     from evals import kinds
 
     try:
-        kind = metric_kind(suite, metric)
+        return metric_kind(suite, metric)
     except KeyError:
-        kind = kinds.get("accuracy")
-    return kind.display(value, details, missing)
+        return kinds.get("accuracy")
+
+
+def shown(suite: str, metric: str, value: float | None, details: Mapping[str, Any] | None, missing: str = "-") -> str:
+    """A stored metric's value as its kind writes it (`service.numbers`' format)."""
+    return stored_kind(suite, metric).display(value, details, missing)

@@ -58,7 +58,7 @@ def _point(row: SuiteResult, run: Run) -> dict[str, Any]:
         "run_id": run.id,
         "at": run.created_at.isoformat(),
         "arm": row.arm,
-        "value": None if (row.details or {}).get("kl_finite") is False else row.value,  # not finite: no point
+        "value": suite_registry.stored_kind(row.suite, row.metric).plotted(row.value, row.details),
         "shown": suite_registry.shown(row.suite, row.metric, row.value, row.details),
         "ci_low": row.ci_low,
         "ci_high": row.ci_high,
