@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from evals.invariance import Observation, observe, row, skipped
-from evals.suites.drift import Prompt, _Client, _NotFinite, _number, _token_id
+from evals.suites.drift import Prompt
+from evals.suites.logprob_client import Client, NotFinite, number, token_id
 
 if TYPE_CHECKING:
     from evals.suites.invariance import InvarianceConfig
@@ -40,7 +41,7 @@ class EngineFacts:
 class Asker:
     """Completions in the prompt's frame, each request timed against the condition it serves."""
 
-    def __init__(self, client: _Client, config: InvarianceConfig) -> None:
+    def __init__(self, client: Client, config: InvarianceConfig) -> None:
         self.client, self.config = client, config
         self.seconds: dict[str, float] = {}
 
@@ -59,7 +60,7 @@ class Asker:
             body["cache_salt"] = salt
         try:
             found = await self.client.post("/v1/completions", body)
-        except _NotFinite:  # the tokens without their (non-finite) logprobs
+        except NotFinite:  # the tokens without their (non-finite) logprobs
             plain = {key: v for key, v in body.items() if key not in ("logprobs", "prompt_logprobs")}
             answer = await self.client.post("/v1/completions", {**plain, "return_tokens_as_token_ids": False,
                                                                 "return_token_ids": True})  # fmt: skip
@@ -71,11 +72,11 @@ class Asker:
         for i, step in enumerate(choice.get("prompt_logprobs") or []):
             if i - frame >= 1 and step:
                 tops[i - frame] = {
-                    int(t): _number(e.get("logprob")) for t, e in step.items() if (e.get("rank") or 0) <= k
+                    int(t): number(e.get("logprob")) for t, e in step.items() if (e.get("rank") or 0) <= k
                 }
         for j, step in enumerate(decoded.get("top_logprobs") or []):
-            tops[len(ids) - frame + j] = {_token_id(t): _number(lp) for t, lp in (step or {}).items()}
-        generated = [_token_id(t) for t in decoded.get("tokens") or []]
+            tops[len(ids) - frame + j] = {token_id(t): number(lp) for t, lp in (step or {}).items()}
+        generated = [token_id(t) for t in decoded.get("tokens") or []]
         return Observation([*ids[frame:], *generated], tops), _cached(found)
 
     async def timed(self, condition: str, work: Awaitable[Any]) -> Any:
@@ -97,7 +98,7 @@ def _cached(answer: dict[str, Any]) -> int | None:
     return int(found) if found is not None else None
 
 
-async def engine_facts(client: _Client, prompts: Sequence[Prompt], config: InvarianceConfig) -> EngineFacts:
+async def engine_facts(client: Client, prompts: Sequence[Prompt], config: InvarianceConfig) -> EngineFacts:
     metrics = (await client.client.get(f"{client.base}/metrics")).text
     line = next((ln for ln in metrics.splitlines() if ln.startswith("vllm:cache_config_info{")), "")
     info = dict(_LABEL.findall(line))

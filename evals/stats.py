@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-Counts = Sequence[int] | npt.NDArray[Any]  # one integer per utterance
+Counts = Sequence[float] | npt.NDArray[Any]  # one count per utterance, or any per-item number (a mean)
 _BOOTSTRAP_CHUNK = 256  # resamples drawn at once: bounds memory at chunk x utterances indices
 
 

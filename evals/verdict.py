@@ -6,9 +6,11 @@ A metric is judged by up to two checks, each from per-sample rows:
   `baseline - tol` (absolute) or `baseline * (1 - tol)` (relative), mirrored for metrics
   where lower is better (WER);
 - where a reference run with samples exists, a paired test on the items both runs
-  answered (the intersection of keys; the explanation says how many matched): exact
-  McNemar for accuracy, a paired bootstrap over utterances for WER, two-sided at `alpha`.
+  answered (the intersection of keys; the explanation says how many matched), two-sided at
+  `alpha`, which the metric's kind (`evals.kinds`) runs: exact McNemar for accuracy, a paired
+  bootstrap over utterances for WER, over items for a mean.
 
+The kind measures and pairs (`Measured`, `Paired`); `decide` turns both into the verdict.
 How they combine, in this order:
 
 1. `fail` when the tolerance is broken, at any sample size (a vLLM-compatible gate must
@@ -38,25 +40,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
-from evals.stats import (
-    accuracy_mde,
-    accuracy_stderr,
-    bootstrap_wer_interval,
-    corpus_wer,
-    mcnemar_exact,
-    paired_bootstrap_wer,
-    wer_mde,
-    wer_stderr,
-    wilson_interval,
-)
-
 Verdict = Literal["pass", "warn", "fail", "inconclusive", "no_baseline"]
-Kind = Literal["accuracy", "wer"]
 POWER = 0.8
 _FLOAT_SLACK = 1e-9  # a value equal to the threshold is not failed by float rounding
 _SEVERITY: dict[str, int] = {"pass": 0, "no_baseline": 1, "warn": 2, "inconclusive": 3, "fail": 4}
 Details = dict[str, float | int | str | None]
-_ITEMS: dict[str, str] = {"accuracy": "items", "wer": "utterances"}
 
 
 @dataclass(frozen=True)
@@ -127,8 +115,12 @@ def run_verdict(judgements: Sequence[MetricJudgement]) -> str:
 
 
 @dataclass(frozen=True)
-class _Measured:
-    kind: Kind
+class Measured:
+    """What a kind measured on the candidate, and how its values and widths read."""
+
+    items: str  # what one sample is: items, utterances
+    fmt: Callable[[float], str]  # a value
+    fmt_width: Callable[[float], str]  # a distance between values (a tolerance, an MDE)
     value: float
     n: int
     summary: str
@@ -137,7 +129,9 @@ class _Measured:
 
 
 @dataclass(frozen=True)
-class _Paired:
+class Paired:
+    """What a kind's paired test found against the reference's scores on the shared items."""
+
     matched: int
     reference_value: float
     regressed: bool  # the observed change goes the bad way
@@ -147,15 +141,7 @@ class _Paired:
     details: Details
 
 
-def _fmt(kind: Kind, x: float) -> str:
-    return f"{x:.4f}" if kind == "accuracy" else f"{100 * x:.2f}%"
-
-
-def _fmt_width(kind: Kind, x: float) -> str:
-    return f"{x:.4f}" if kind == "accuracy" else f"{100 * x:.2f} points"
-
-
-def _check_inputs(suite: str, metric: str, samples: Mapping[str, Any], baseline: Baseline | None, want: str) -> None:
+def check_inputs(suite: str, metric: str, samples: Mapping[str, Any], baseline: Baseline | None, want: str) -> None:
     if not samples:
         raise ValueError(f"{suite}.{metric}: no samples to judge; a run without samples is an error, not a verdict")
     if baseline is not None and baseline.direction != want:
@@ -163,135 +149,6 @@ def _check_inputs(suite: str, metric: str, samples: Mapping[str, Any], baseline:
             f"{suite}.{metric}: the baseline says {baseline.direction} is better, but this metric is "
             f"{want}-is-better; fix the baseline's direction"
         )
-
-
-def judge_accuracy(
-    suite: str,
-    metric: str,
-    candidate: Mapping[str, bool],
-    baseline: Baseline | None,
-    reference: Mapping[str, bool] | None = None,
-    *,
-    alpha: float = 0.05,
-    reference_label: str = "the reference run",
-) -> MetricJudgement:
-    """Judge per-item correctness (key -> correct) against a baseline and/or a reference run."""
-    _check_inputs(suite, metric, candidate, baseline, "higher")
-    n, k = len(candidate), sum(candidate.values())
-    value = k / n
-    low, high = wilson_interval(k, n, 1 - alpha)
-    measured = _Measured(
-        kind="accuracy",
-        value=value,
-        n=n,
-        summary=f"{value:.4f} ({k}/{n} correct, {1 - alpha:.0%} CI {low:.4f}-{high:.4f})",
-        unpaired_mde=lambda p: accuracy_mde(n, p, alpha=alpha, power=POWER),
-        details={"correct": k, "stderr": accuracy_stderr(k, n) if n > 1 else None, "ci_low": low, "ci_high": high},
-    )
-    paired = None if reference is None else _pair_accuracy(candidate, reference, alpha)
-    return _decide(suite, metric, measured, baseline, paired, reference is not None, reference_label, alpha)
-
-
-def _pair_accuracy(candidate: Mapping[str, bool], reference: Mapping[str, bool], alpha: float) -> _Paired | None:
-    keys = candidate.keys() & reference.keys()
-    if not keys:
-        return None
-    down = sum(1 for key in keys if reference[key] and not candidate[key])
-    up = sum(1 for key in keys if candidate[key] and not reference[key])
-    m = len(keys)
-    ref_value = sum(reference[key] for key in keys) / m
-    p = mcnemar_exact(down, up)
-    return _Paired(
-        matched=m,
-        reference_value=ref_value,
-        regressed=down > up,
-        p_value=p,
-        mde=accuracy_mde(m, ref_value, alpha=alpha, power=POWER, discordant_rate=(down + up) / m),
-        summary=f"{down} right->wrong, {up} wrong->right, exact McNemar p={p:.2g}",
-        details={"flips_down": down, "flips_up": up, "change": (up - down) / m},
-    )
-
-
-def judge_wer(
-    suite: str,
-    metric: str,
-    candidate: Mapping[str, tuple[int, int]],
-    baseline: Baseline | None,
-    reference: Mapping[str, tuple[int, int]] | None = None,
-    *,
-    alpha: float = 0.05,
-    reference_label: str = "the reference run",
-) -> MetricJudgement:
-    """Judge per-utterance (word errors S+D+I, reference words N) against a baseline and/or reference."""
-    _check_inputs(suite, metric, candidate, baseline, "lower")
-    keys = sorted(candidate)  # a fixed order keeps the seeded bootstrap reproducible
-    errors = [candidate[key][0] for key in keys]
-    words = [candidate[key][1] for key in keys]
-    value = corpus_wer(errors, words)
-    low, high = bootstrap_wer_interval(errors, words, confidence=1 - alpha)
-    measured = _Measured(
-        kind="wer",
-        value=value,
-        n=len(keys),
-        summary=(
-            f"{100 * value:.2f}% ({sum(errors)} word errors / {sum(words)} words over {len(keys)} "
-            f"utterances, {1 - alpha:.0%} CI {100 * low:.2f}-{100 * high:.2f}%)"
-        ),
-        unpaired_mde=lambda _value: wer_mde(errors, words, alpha=alpha, power=POWER),
-        details={
-            "errors": sum(errors),
-            "words": sum(words),
-            "stderr": wer_stderr(errors, words),
-            "ci_low": low,
-            "ci_high": high,
-        },
-    )
-    paired = None if reference is None else _pair_wer(suite, metric, candidate, reference, alpha)
-    return _decide(suite, metric, measured, baseline, paired, reference is not None, reference_label, alpha)
-
-
-def _pair_wer(
-    suite: str,
-    metric: str,
-    candidate: Mapping[str, tuple[int, int]],
-    reference: Mapping[str, tuple[int, int]],
-    alpha: float,
-) -> _Paired | None:
-    keys = sorted(candidate.keys() & reference.keys())
-    if not keys:
-        return None
-    for key in keys:
-        if candidate[key][1] != reference[key][1]:
-            raise ValueError(
-                f"{suite}.{metric}: utterance {key!r} has {candidate[key][1]} reference words here but "
-                f"{reference[key][1]} in the reference run; the runs scored different transcripts "
-                "(data or normaliser changed), so re-run the reference before pairing"
-            )
-    cand = [candidate[key][0] for key in keys]
-    ref = [reference[key][0] for key in keys]
-    words = [candidate[key][1] for key in keys]
-    test = paired_bootstrap_wer(cand, ref, words, confidence=1 - alpha)
-    worse = sum(1 for c, r in zip(cand, ref, strict=True) if c > r)
-    better = sum(1 for c, r in zip(cand, ref, strict=True) if c < r)
-    return _Paired(
-        matched=len(keys),
-        reference_value=corpus_wer(ref, words),
-        regressed=test.delta > 0,
-        p_value=test.p_value,
-        mde=wer_mde(cand, words, reference_errors=ref, alpha=alpha, power=POWER),
-        summary=(
-            f"{worse} worse and {better} better utterances, WER change {100 * test.delta:+.2f} points "
-            f"({1 - alpha:.0%} CI {100 * test.ci_low:+.2f} to {100 * test.ci_high:+.2f}), "
-            f"paired bootstrap p={test.p_value:.2g}"
-        ),
-        details={
-            "utterances_worse": worse,
-            "utterances_better": better,
-            "change": test.delta,
-            "change_ci_low": test.ci_low,
-            "change_ci_high": test.ci_high,
-        },
-    )
 
 
 def judge_ab(
@@ -321,17 +178,16 @@ def judge_ab(
     return judge(suite, metric, arm, rule, control, alpha=alpha, reference_label=f"the {control_label} arm")
 
 
-def _decide(
+def decide(
     suite: str,
     metric: str,
-    measured: _Measured,
+    measured: Measured,
     baseline: Baseline | None,
-    paired: _Paired | None,
+    paired: Paired | None,
     reference_given: bool,
     reference_label: str,
     alpha: float,
 ) -> MetricJudgement:
-    kind = measured.kind
     base_value = baseline.value if baseline is not None else None
     if base_value is None and paired is not None:
         base_value = paired.reference_value
@@ -345,7 +201,7 @@ def _decide(
         broken = measured.value < line - _FLOAT_SLACK if higher else measured.value > line + _FLOAT_SLACK
         state = ("is below" if higher else "is above") if broken else "meets"
         origin = "baseline" if baseline is not None and baseline.value is not None else "reference"
-        sentences.append(f"It {state} the threshold {_fmt(kind, line)} ({_rule_text(kind, rule, origin)}).")
+        sentences.append(f"It {state} the threshold {measured.fmt(line)} ({_rule_text(measured, rule, origin)}).")
     elif paired is not None:
         sentences.append("No baseline tolerance applies, so the paired test alone decides.")
     vllm_rule = _vllm_rule(measured, baseline)
@@ -358,8 +214,8 @@ def _decide(
         if paired.p_value < alpha:
             outcome = "a significant regression" if paired.regressed else "a significant improvement"
         sentences.append(
-            f"Against {reference_label} on {paired.matched} of {measured.n} {_ITEMS[kind]} "
-            f"(where it scored {_fmt(kind, paired.reference_value)}): {paired.summary}; {outcome}."
+            f"Against {reference_label} on {paired.matched} of {measured.n} {measured.items} "
+            f"(where it scored {measured.fmt(paired.reference_value)}): {paired.summary}; {outcome}."
         )
     elif reference_given:
         sentences.append(f"{reference_label.capitalize()} shares no items with this run, so nothing was paired.")
@@ -382,11 +238,11 @@ def _decide(
         verdict = "pass"
 
     if mde is not None:
-        size = f"At this size the smallest regression it detects is {_fmt_width(kind, mde)} "
+        size = f"At this size the smallest regression it detects is {measured.fmt_width(mde)} "
         size += f"({mde_kind}, {POWER:.0%} power, alpha {alpha:g}"
         if verdict == "inconclusive" and width is not None:
             sentences.append(
-                f"{size}), more than the {_fmt_width(kind, width)} the tolerance allows: add items to decide."
+                f"{size}), more than the {measured.fmt_width(width)} the tolerance allows: add items to decide."
             )
         else:
             sentences.append(f"{size}).")
@@ -413,7 +269,7 @@ def _decide(
     )
 
 
-def _vllm_rule(measured: _Measured, baseline: Baseline | None) -> tuple[str, str] | None:
+def _vllm_rule(measured: Measured, baseline: Baseline | None) -> tuple[str, str] | None:
     """vLLM's own CI rule, where the baseline is one (relative, higher is better): `pass`/`fail` and why.
 
     vLLM's lm-eval gate passes when measured >= value * (1 - rtol), with no regard to sample
@@ -433,11 +289,11 @@ def _vllm_rule(measured: _Measured, baseline: Baseline | None) -> tuple[str, str
     )
 
 
-def _rule_text(kind: Kind, rule: Baseline, origin: str) -> str:
+def _rule_text(measured: Measured, rule: Baseline, origin: str) -> str:
     sign = "-" if rule.direction == "higher" else "+"
-    value = _fmt(kind, rule.value or 0.0)
+    value = measured.fmt(rule.value or 0.0)
     if rule.tolerance_kind == "absolute":
-        text = f"{origin} {value} {sign} {_fmt_width(kind, rule.tolerance)} absolute"
+        text = f"{origin} {value} {sign} {measured.fmt_width(rule.tolerance)} absolute"
     else:
         text = f"{origin} {value} {sign} {100 * rule.tolerance:g}% relative"
     return f"{text}; source: {rule.source}" if rule.source else text

@@ -30,8 +30,9 @@ from sqlalchemy import create_engine, insert
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from evals.kinds.accuracy import judge_accuracy  # noqa: E402
 from evals.suites.base import MetricValue, Sample  # noqa: E402
-from evals.verdict import Baseline, judge_accuracy, run_verdict  # noqa: E402
+from evals.verdict import Baseline, run_verdict  # noqa: E402
 from service.db.migrate import upgrade  # noqa: E402
 from service.db.models import Run, SuiteResult  # noqa: E402
 from service.db.session import session_scope  # noqa: E402

@@ -35,9 +35,9 @@ from typing import Any
 from evals.fixtures.degraded import MILD_NOISE, ensure_degraded
 from evals.fixtures.gsm8k_data import FEWSHOT_FILE, TEST_FILE
 from evals.fixtures.gsm8k_model import model_dir
+from evals.kinds.accuracy import judge_accuracy
 from evals.suites import drift, gsm8k
 from evals.suites.base import Sample, SuiteContext
-from evals.verdict import judge_accuracy
 from service.engine import Engine
 from service.profiles import Profile
 

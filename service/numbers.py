@@ -9,9 +9,6 @@ Imports nothing beyond the standard library: the client (`pip install kvcanary`)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 DECIMALS = 4
 SMALL, LARGE = 1e-3, 1e6
 
@@ -31,10 +28,3 @@ def format_signed(value: float, digits: int = DECIMALS) -> str:
     """A change, with its sign: `+0.0125`, `-3.1e-05`, `0.0000`."""
     return ("+" if value > 0 else "") + format_number(value, digits)
 
-
-def format_metric(value: float | None, details: Mapping[str, Any] | None, missing: str = "-") -> str:
-    """A metric's value, or "not finite" where its judgement flags it so (a drift KL over
-    non-finite logprobs is stored as a placeholder number, never shown as one)."""
-    if details is not None and details.get("kl_finite") is False:
-        return "not finite"
-    return format_number(value, missing=missing)

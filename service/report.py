@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from service.numbers import format_metric, format_number
+from service.numbers import format_number
 from service.schemas import MetricOut, RunDetail
 
 # Where stdout is a file or a CI log, nothing wraps lines: a table cut to 80 columns
@@ -35,8 +35,9 @@ VERDICT_STYLE = {
 
 
 def metric_value(metric: MetricOut) -> str:
-    """The metric's value as every report shows it (`service.numbers.format_metric`)."""
-    return format_metric(metric.value, metric.details)
+    """The metric's value as its kind writes it (the service's `shown`; from a service too old to
+    send it, the plain number)."""
+    return metric.shown if metric.shown is not None else format_number(metric.value)
 
 
 def print_run(run: RunDetail, console: Console | None = None) -> None:

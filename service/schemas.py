@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from service.arms import describe_outcome
-from service.durations import EXAMPLES, parse_duration
 from service.profile_snapshot import digest
 from service.profiles import NAME_PATTERN, ArmSpec, Expectation, Profile, RunOverrides
 from service.text import storable, text_problem
@@ -139,10 +138,14 @@ class MetricOut(BaseModel):
     verdict: str | None
     explanation: str
     details: dict[str, Any]
+    shown: str | None = Field(None, description="The value as its metric kind writes it, e.g. `not finite`")
 
     @classmethod
     def of(cls, row: SuiteResult) -> MetricOut:
-        return cls.model_validate(row)
+        from evals.suites import shown  # the kinds compute with numpy, which the client has not
+
+        out = cls.model_validate(row)
+        return out.model_copy(update={"shown": shown(row.suite, row.metric, row.value, row.details)})
 
 
 class ArmOut(BaseModel):
@@ -269,11 +272,13 @@ class SampleOut(BaseModel):
     extracted: dict[str, Any]
     correct: dict[str, Any]
     is_correct: bool | None
-    substitutions: int | None
-    deletions: int | None
-    insertions: int | None
-    ref_words: int | None
-    word_errors: int | None
+    # The WER kind's counts, kept in `data["wer"]`, served also as the fields they were before;
+    # `of` asks the kind for them (`evals.kinds.wer.api_fields`): the one declared conversion.
+    substitutions: int | None = None
+    deletions: int | None = None
+    insertions: int | None = None
+    ref_words: int | None = None
+    word_errors: int | None = None
     error: str | None
     data: dict[str, Any] = Field(
         default_factory=dict, description="Kind-specific per-sample data, e.g. drift: both arms' tokens and logprobs"
@@ -282,7 +287,9 @@ class SampleOut(BaseModel):
 
     @classmethod
     def of(cls, row: SampleRow) -> SampleOut:
-        return cls.model_validate(row)
+        from evals.kinds.wer import api_fields  # computes with numpy, which the client has not
+
+        return cls.model_validate(row).model_copy(update=api_fields(row.data or {}))
 
 
 class Page(BaseModel, Generic[T]):
@@ -382,54 +389,3 @@ class ProfileOut(BaseModel):
             arms=[arm.name for arm in profile.compare or []],
             expect=profile.expect,
         )
-
-
-class TokenOut(BaseModel):
-    """A token as admins see it; never its secret."""
-
-    model_config = ConfigDict(from_attributes=True)
-
-    id: int
-    name: str
-    role: str
-    created_at: datetime
-    last_used_at: datetime | None = Field(description="Recorded at most once a minute")
-    expires_at: datetime | None
-    revoked: bool
-
-
-class TokenCreate(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={"examples": [{"name": "github-actions", "role": "ci", "expires_in_days": 90}]},
-    )
-
-    name: str = Field(pattern=NAME_PATTERN, description="Who or what holds it")
-    role: Literal["viewer", "ci", "admin"]
-    expires_in_days: int | None = Field(None, ge=1, le=3650, description="Left out: the token does not expire")
-    expires_in: str | None = Field(
-        None, max_length=16, description=f"Lifetime as the CLI takes it, e.g. {EXAMPLES}; instead of expires_in_days"
-    )
-
-    @field_validator("expires_in")
-    @classmethod
-    def _duration(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_duration(value, "expires_in")
-        return value
-
-    @model_validator(mode="after")
-    def _one_lifetime(self) -> TokenCreate:
-        if self.expires_in is not None and self.expires_in_days is not None:
-            raise ValueError("give expires_in or expires_in_days, not both")
-        return self
-
-    def lifetime(self) -> timedelta | None:
-        """How long the token lives; None: it does not expire."""
-        if self.expires_in is not None:
-            return parse_duration(self.expires_in, "expires_in")
-        return timedelta(days=self.expires_in_days) if self.expires_in_days else None
-
-
-class TokenCreated(TokenOut):
-    token: str = Field(description="Shown once; only its hash is stored")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from evals.suites.base import SuiteDefinition
 
 if TYPE_CHECKING:  # the kinds compute with numpy; the bare client install has none
-    from evals.metric_kinds import MetricKind
+    from evals.kinds import MetricKind
 
 _MODULES = (
     "evals.suites.gsm8k",
@@ -38,3 +39,19 @@ def get(name: str) -> SuiteDefinition:
 def metric_kind(suite: str, metric: str) -> MetricKind:
     """The declared kind of one metric of a registered suite."""
     return get(suite).kind_of(metric)
+
+
+def stored_kind(suite: str, metric: str) -> MetricKind:
+    """The kind of a stored result's metric; one of a suite or metric no longer registered reads as
+    a plain number (accuracy's)."""
+    from evals import kinds
+
+    try:
+        return metric_kind(suite, metric)
+    except KeyError:
+        return kinds.get("accuracy")
+
+
+def shown(suite: str, metric: str, value: float | None, details: Mapping[str, Any] | None, missing: str = "-") -> str:
+    """A stored metric's value as its kind writes it (`service.numbers`' format)."""
+    return stored_kind(suite, metric).display(value, details, missing)

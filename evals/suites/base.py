@@ -3,7 +3,7 @@
 A suite gets a live OpenAI-compatible server URL and a `SuiteContext`, and returns a
 `SuiteOutcome`. It knows no HTTP layer of ours and no database: samples leave through
 `context.emit_samples` as they are finished, so a run that dies mid-suite keeps them.
-It declares every metric it reports with its kind (`evals.metric_kinds`): scoring, run
+It declares every metric it reports with its kind (`evals.kinds`): scoring, run
 diffs, the sample store and the dashboard read, judge and show a metric through its kind.
 """
 
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, Field
 
 if TYPE_CHECKING:  # the kinds compute with numpy; the bare client install has none
-    from evals.metric_kinds import MetricKind
+    from evals.kinds import MetricKind
 
 
 class SuiteAborted(RuntimeError):
@@ -27,7 +27,9 @@ class SuiteAborted(RuntimeError):
 
 @dataclass(frozen=True)
 class Sample:
-    """One evaluated item: `correct` for accuracy kinds, word counts for WER, `data` for others (drift)."""
+    """One evaluated item, the same from suite to store to API: `correct` holds the 0/1 flags of
+    accuracy metrics; whatever else a metric kind keeps per item (word counts, per-item scores, drift
+    rows) lives in `data`, under the names its module (`evals.kinds.<kind>`) gives it."""
 
     key: str
     prompt_hash: str
@@ -36,12 +38,8 @@ class Sample:
     extracted: Mapping[str, str] = field(default_factory=dict)
     correct: Mapping[str, bool] = field(default_factory=dict)
     prompt: str = ""
-    substitutions: int | None = None
-    deletions: int | None = None
-    insertions: int | None = None
-    ref_words: int | None = None
     error: str | None = None
-    data: Mapping[str, Any] = field(default_factory=dict)  # what a metric kind keeps beyond these fields
+    data: Mapping[str, Any] = field(default_factory=dict)  # what each metric kind keeps, by its own names
 
 
 @dataclass(frozen=True)
@@ -122,7 +120,7 @@ class SuiteDefinition:
     """A registered evaluation: profiles name it; `metrics` declare what it reports, primary first.
 
     A suite whose metrics the profile's config names (the generic lm-eval suite, for whatever
-    tasks it is given) declares none and gives `open_kind`, the kind of every metric it reports.
+    tasks it is given) declares none and gives `open_kind`, which names the kind of each metric it reports.
     """
 
     name: str
@@ -131,7 +129,7 @@ class SuiteDefinition:
     run: Callable[[SuiteContext], SuiteOutcome]
     compares_outputs: bool = False  # the suite reads `SuiteContext.reference_samples` (drift)
     judges_control_arm: bool = False  # a comparing suite whose control arm has findings of its own (invariance)
-    open_kind: MetricKind | None = None
+    open_kind: Callable[[str], MetricKind] | None = None  # metric name -> its kind
 
     def metric_names(self, config: SuiteConfig | None = None) -> tuple[str, ...]:
         declared = tuple(spec.name for spec in self.metrics)
@@ -142,7 +140,7 @@ class SuiteDefinition:
             if spec.name == metric:
                 return spec.kind
         if self.open_kind is not None:
-            return self.open_kind
+            return self.open_kind(metric)
         raise KeyError(
             f"suite {self.name!r} declares no metric {metric!r}; it reports {', '.join(self.metric_names())}"
         )

@@ -8,7 +8,7 @@ nondeterminism. A later arm (`context.reference_samples`: the first arm of an A/
 promoted reference run's stored samples) is the candidate: it generates the same way, scores
 the reference's sequences teacher-forced, and every prompt stores both arms' tokens and
 logprobs with the comparison (`evals.logprob_drift`). The verdict comes from the metric kind
-`DRIFT` (`evals.drift_kind`; the rule, every path against its own floor and margin, in
+`DRIFT` (`evals.kinds.drift`; the rule, every path against its own floor and margin, in
 `evals.drift_verdict`).
 
 Prompts are GSM8k few-shot prompts plus edge lengths: prompts whose token count puts
@@ -27,9 +27,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import math
 import random
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,26 +36,24 @@ from typing import Any
 import httpx
 from pydantic import Field
 
-from evals import fixtures, retry
-from evals.drift_kind import DRIFT, NOT_FINITE
+from evals import fixtures
 from evals.drift_verdict import DEFAULT_DLOGPROB_MARGIN, DEFAULT_KL_MARGIN, kl_value
-from evals.logprob_drift import ArmOutput, PromptDrift, TopK, compare, pack, unpack
+from evals.kinds.drift import KIND as DRIFT
+from evals.kinds.drift import NOT_FINITE
+from evals.logprob_drift import ArmOutput, PromptDrift, compare, pack, unpack
 from evals.suites.base import (
     MetricSpec,
     MetricValue,
     Sample,
-    SuiteAborted,
     SuiteConfig,
     SuiteContext,
     SuiteDefinition,
     SuiteOutcome,
 )
+from evals.suites.logprob_client import Client
 
 NAME = "drift"
 METRIC = "kl"
-BACKOFF_S = 0.5
-BACKOFF_CAP_S = 8.0
-_BLOCK_SIZE = re.compile(r'vllm:cache_config_info\{[^}]*block_size="(\d+)"')
 
 
 class DriftConfig(SuiteConfig):
@@ -132,116 +128,7 @@ def edge_lengths(block_size: int, max_tokens: int, max_len: int) -> dict[str, in
     return {key: n for key, n in lengths.items() if fits(n, max_tokens, max_len)}
 
 
-class _NotFinite(Exception):
-    """The server could not even serialise its logprobs: vLLM answers 400 for a NaN or an infinity."""
-
-
-class _Client:
-    """The server's completions, tokenizer and metrics, with retries; stops on the run's flag."""
-
-    def __init__(self, context: SuiteContext, client: httpx.AsyncClient) -> None:
-        self.context = context
-        self.config: DriftConfig = context.config
-        self.client = client
-        self.base = context.server_url.rstrip("/")
-
-    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST with the project's one retry rule (`evals.retry`); 200 or an error naming the cause."""
-
-        def stop() -> None:
-            if self.context.should_stop():
-                raise SuiteAborted("drift: the run was stopped")
-
-        response, error, tries = await retry.send(
-            lambda: self.client.post(f"{self.base}{path}", json=body),
-            self.config.max_retries + 1, BACKOFF_S, BACKOFF_CAP_S, before_each=stop,
-        )  # fmt: skip
-        if response is not None:
-            if response.status_code == 200:
-                found: dict[str, Any] = response.json()
-                return found
-            error = f"HTTP {response.status_code}: {response.text[:300]}"
-            if response.status_code == 400 and "Out of range float values" in response.text:
-                raise _NotFinite(error)
-        raise RuntimeError(f"drift: {path} failed after {tries} attempt(s): {error}")
-
-    async def tokenize(self, text: str) -> tuple[list[int], int]:
-        found = await self.post("/tokenize", {"model": self.context.served_model_name, "prompt": text})
-        return [int(t) for t in found["tokens"]], int(found.get("max_model_len") or 0)
-
-    async def block_size(self) -> int:
-        if self.config.block_size is not None:
-            return self.config.block_size
-        response = await self.client.get(f"{self.base}/metrics")
-        match = _BLOCK_SIZE.search(response.text)
-        if match is None:
-            raise RuntimeError("drift: the engine's /metrics has no vllm:cache_config_info block_size; set block_size")
-        return int(match.group(1))
-
-    async def generate(self, ids: Sequence[int]) -> tuple[list[int], list[float], list[TopK]]:
-        body = {
-            "model": self.context.served_model_name,
-            "prompt": list(ids),
-            "max_tokens": self.config.max_tokens,
-            "temperature": 0.0,
-            "logprobs": self.config.logprobs,
-            "return_tokens_as_token_ids": True,
-        }
-        try:
-            choice = (await self.post("/v1/completions", body))["choices"][0]
-        except _NotFinite:  # the tokens without their (non-finite) logprobs
-            plain = {k: v for k, v in body.items() if k not in ("logprobs", "return_tokens_as_token_ids")}
-            tokens = (await self.post("/v1/completions", {**plain, "return_token_ids": True}))["choices"][0][
-                "token_ids"
-            ]
-            return [int(t) for t in tokens], [math.nan] * len(tokens), [{} for _ in tokens]
-        found = choice.get("logprobs") or {}
-        tokens = [_token_id(t) for t in found.get("tokens") or []]
-        logprobs = [_number(lp) for lp in found.get("token_logprobs") or []]
-        top: list[TopK] = [
-            {_token_id(t): _number(lp) for t, lp in (step or {}).items()} for step in found.get("top_logprobs") or []
-        ]
-        return tokens, logprobs, top
-
-    async def score(self, ids: Sequence[int]) -> tuple[list[TopK], list[float]]:
-        """Teacher-forced: the top-k before each next token of `ids`, and that token's logprob."""
-        body = {
-            "model": self.context.served_model_name,
-            "prompt": list(ids),
-            "max_tokens": 1,
-            "temperature": 0.0,
-            "prompt_logprobs": self.config.logprobs,
-        }
-        try:
-            positions = (await self.post("/v1/completions", body))["choices"][0].get("prompt_logprobs") or []
-        except _NotFinite:
-            return [], [math.nan]
-        top: list[TopK] = []
-        own: list[float] = []
-        for index, step in enumerate(positions[1:], start=1):
-            entries = {int(t): e for t, e in (step or {}).items()}
-            top.append(
-                {
-                    t: _number(e.get("logprob"))
-                    for t, e in entries.items()
-                    if (e.get("rank") or 0) <= self.config.logprobs
-                }
-            )
-            mine = entries.get(ids[index])
-            own.append(_number(mine.get("logprob")) if mine else math.nan)
-        return top, own
-
-
-def _token_id(token: str) -> int:
-    return int(token.removeprefix("token_id:"))
-
-
-def _number(value: Any) -> float:
-    """A logprob as the server sent it; null (how a NaN is serialised) stays NaN."""
-    return float(value) if isinstance(value, int | float) else math.nan
-
-
-async def _prompts(client: _Client, config: DriftConfig) -> list[Prompt]:
+async def _prompts(client: Client, config: DriftConfig) -> list[Prompt]:
     """The GSM8k prompts and the edge lengths; each knows how many leading tokens all share (the
     header's tokens, as the server splits them, that every prompt starts with)."""
     texts = _gsm8k_texts(config)
@@ -282,7 +169,7 @@ class _Passes:
 
 
 async def _run_arm(
-    client: _Client,
+    client: Client,
     prompts: Sequence[Prompt],
     concurrency: int,
     forced: Mapping[str, list[int]],
@@ -379,7 +266,7 @@ async def _run(context: SuiteContext) -> tuple[list[Sample], int]:
     config: DriftConfig = context.config
     limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
     async with httpx.AsyncClient(timeout=config.request_timeout_s, limits=limits) as http:
-        client = _Client(context, http)
+        client = Client(context, http)
         prompts = await _prompts(client, config)
         references = {key: s.data for key, s in context.reference_samples.items() if s.data.get("arm")}
         missing = [p.key for p in prompts if p.key not in references]

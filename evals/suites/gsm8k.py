@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 from pydantic import Field, model_validator
 
-from evals.metric_kinds import ACCURACY
+from evals.kinds.accuracy import KIND as ACCURACY
 from evals.suites.base import (
     MetricSpec,
     MetricValue,

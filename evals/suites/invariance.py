@@ -43,17 +43,16 @@ import httpx
 from pydantic import Field, field_validator
 
 from evals import invariance as inv
-from evals.diff import SampleLike
 from evals.drift_verdict import DEFAULT_DLOGPROB_MARGIN, DEFAULT_KL_MARGIN
 from evals.invariance import Observation, observe
 from evals.invariance_conditions import Asker, EngineFacts, PromptRun, batch, engine_facts, family, sequential
-from evals.metric_kinds import MetricKind
+from evals.kinds.invariance import KIND as INVARIANCE
 from evals.suites.base import MetricSpec, MetricValue, Sample, SuiteConfig, SuiteContext, SuiteDefinition, SuiteOutcome
-from evals.suites.drift import DriftConfig, Prompt, _Client, _gsm8k_texts
+from evals.suites.drift import DriftConfig, Prompt, _gsm8k_texts
+from evals.suites.logprob_client import Client
 
 NAME = "invariance"
 METRIC = "kl"
-NON_FINITE_SEVERITY = 1e30
 ConditionName = Literal["decode_prefill", "batch", "prefix_hit", "prefix_family", "long_context"]
 PER_REQUEST: tuple[ConditionName, ...] = ("decode_prefill", "batch", "prefix_hit", "prefix_family", "long_context")
 
@@ -146,7 +145,7 @@ async def _run(context: SuiteContext) -> tuple[list[Sample], int]:
     width = max(config.concurrency, (config.limit or 0) + config.batch_fillers + 1)
     limits = httpx.Limits(max_connections=width, max_keepalive_connections=width)
     async with httpx.AsyncClient(timeout=config.request_timeout_s, limits=limits) as http:
-        client = _Client(context, http)
+        client = Client(context, http)
         source = DriftConfig(limit=config.limit, questions_file=config.questions_file,
                              fewshot_file=config.fewshot_file, num_fewshot=config.num_fewshot)  # fmt: skip
         prompts = [Prompt(key, text, (await client.tokenize(text))[0], 0) for key, text in _gsm8k_texts(source)]
@@ -212,47 +211,6 @@ def run(context: SuiteContext) -> SuiteOutcome:
         details={"prompts": len(samples), "conditions": sorted(per), "rows": len(rows), "reused_samples": reused},
     )
 
-
-def _scores(samples: Mapping[str, SampleLike], metric: str) -> dict[str, Any]:
-    """key -> the prompt's condition rows, as `judge_invariance` reads them."""
-    keep = ("conditions", "prompt_len", "kl_tolerance", "tolerances", "dlogprob_tolerance", "dlogprob_tolerances",
-            "seconds")
-    return {key: {k: s.data.get(k) for k in keep} for key, s in samples.items() if "conditions" in s.data}
-
-
-def _built(sample: SampleLike) -> list[Mapping[str, Any]]:
-    return [r for r in sample.data.get("conditions", {}).values() if "skipped" not in r]
-
-
-def _passed(sample: SampleLike, metric: str) -> bool | None:
-    if "conditions" not in sample.data:
-        return None
-    moved = any(
-        not r["drift"]["close"]
-        or (r["drift"]["first_divergence"] is not None and r["floor"]["first_divergence"] is None)
-        for r in _built(sample)
-    )
-    return bool(sample.data["finite"]) and not moved
-
-
-def _severity(sample: SampleLike, metric: str) -> float | None:
-    if "conditions" not in sample.data:
-        return None
-    if not sample.data.get("finite", True):
-        return NON_FINITE_SEVERITY
-    return max((r["drift"]["mean_kl"] - r["floor"]["mean_kl"] for r in _built(sample)), default=0.0)
-
-
-INVARIANCE = MetricKind(
-    name="invariance",
-    direction="lower",
-    items="prompts",
-    scores=_scores,
-    judge=inv.judge_invariance,
-    diff=lambda a, b, metrics, top: inv.diff_invariance(a, b, top=top),
-    passed=_passed,
-    severity=_severity,
-)
 
 DEFINITION = SuiteDefinition(
     name=NAME,

@@ -4,9 +4,13 @@ A profile lists tasks (`gsm8k`, `mmlu_pro`, a group, or a task YAML in `task_dir
 each the metrics to judge, in lm-eval's own `metric,filter` spelling. Each is reported as
 `<task>:<metric>,<filter>` (e.g. `gsm8k:exact_match,strict-match`) with the task's own
 higher/lower-is-better. Per-item rows come from lm-eval's logged samples: a metric whose
-per-item value is 0 or 1 (accuracy, exact match, pass@1) becomes a `correct` flag, so it is
-judged like GSM8k (McNemar against a reference, Wilson interval, MDE); log-likelihood items
-(multiple choice) are scored from several requests and are stored once lm-eval finishes.
+per-item value is 0 or 1 (accuracy, exact match, pass@1: `ZERO_ONE`) becomes a `correct` flag, so
+it is judged like GSM8k (McNemar against a reference, Wilson interval, MDE); any other metric
+(F1) keeps its per-item number for the mean kind (`evals.kinds.mean`: mean with a bootstrap
+interval, paired bootstrap against a reference), and a corpus-level one (BLEU, perplexity) keeps
+each item's record for the corpus kind (`evals.kinds.corpus`: lm-eval's own aggregation,
+resampling items). Log-likelihood items (multiple choice) are scored from several requests and
+are stored once lm-eval finishes.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from evals.metric_kinds import ACCURACY
+from evals.kinds import MetricKind
+from evals.kinds import corpus as corpus_kind
+from evals.kinds import mean as mean_kind
+from evals.kinds.accuracy import KIND as ACCURACY
 from evals.suites.base import (
     MetricValue,
     Sample,
@@ -33,6 +40,7 @@ from evals.suites.base import (
 from evals.suites.lm_eval_client import evaluate, known_answers, observed_model_class
 
 NAME = "lm-eval"
+ZERO_ONE = frozenset({"acc", "acc_norm", "exact_match", "em", "pass@1", "correct"})  # lm-eval's 0/1 metrics
 TASKS_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "lm_eval_tasks"
 
 
@@ -132,6 +140,7 @@ def _samples(results: Mapping[str, Any], config: LmEvalConfig) -> list[Sample]:
                         "response": str(entry["resps"][0][0]) if generated else json.dumps(entry.get("resps")),
                         "extracted": {},
                         "correct": {},
+                        "data": {},
                     },
                 )
                 flt = str(entry.get("filter", "none"))
@@ -139,8 +148,18 @@ def _samples(results: Mapping[str, Any], config: LmEvalConfig) -> list[Sample]:
                 for metric in task.metrics:
                     base, _, wanted_filter = metric.partition(",")
                     value = entry.get(base)
-                    if wanted_filter == flt and isinstance(value, bool | int | float) and value in (0, 1):
-                        row["correct"][f"{task.name}:{metric}"] = bool(value)
+                    name = f"{task.name}:{metric}"
+                    kind = kind_of(name)
+                    if wanted_filter != flt or value is None:
+                        continue
+                    if kind is corpus_kind.KIND:  # a record the corpus aggregation reads (reference, prediction)
+                        row["data"].setdefault(corpus_kind.NAME, {})[name] = json.loads(json.dumps(value))
+                    elif not isinstance(value, bool | int | float):
+                        continue
+                    elif kind is ACCURACY and value in (0, 1):
+                        row["correct"][name] = bool(value)
+                    elif kind is mean_kind.KIND:
+                        row["data"].setdefault(mean_kind.NAME, {})[name] = float(value)
     return [
         Sample(
             key=key,
@@ -150,6 +169,7 @@ def _samples(results: Mapping[str, Any], config: LmEvalConfig) -> list[Sample]:
             response=row["response"],
             extracted=row["extracted"],
             correct=row["correct"],
+            data=row["data"],
         )
         for key, row in sorted(rows.items())
     ]
@@ -170,7 +190,7 @@ def _metrics(results: Mapping[str, Any], config: LmEvalConfig, samples: Sequence
                 MetricValue(
                     name=name,
                     value=float(found[metric]),
-                    n=sum(1 for s in samples if name in s.correct) or len(samples),
+                    n=len(kind_of(name).scores({s.key: s for s in samples}, name)) or len(samples),
                     stderr=float(stderr) if isinstance(stderr, int | float) else None,
                     direction="lower" if better.get(base) is False else "higher",
                 )
@@ -238,4 +258,11 @@ def run(context: SuiteContext) -> SuiteOutcome:
     )
 
 
-DEFINITION = SuiteDefinition(name=NAME, config_model=LmEvalConfig, metrics=(), run=run, open_kind=ACCURACY)
+def kind_of(metric: str) -> MetricKind:
+    """`task:metric,filter` -> accuracy for lm-eval's 0/1 metrics, corpus for its corpus-level ones
+    (BLEU, perplexity), else the mean of the per-item numbers."""
+    base = metric.partition(":")[2].partition(",")[0]
+    return ACCURACY if base in ZERO_ONE else corpus_kind.KIND if base in corpus_kind.METRICS else mean_kind.KIND
+
+
+DEFINITION = SuiteDefinition(name=NAME, config_model=LmEvalConfig, metrics=(), run=run, open_kind=kind_of)

@@ -23,7 +23,7 @@ import httpx
 from pydantic import model_validator
 
 from evals import retry, stats
-from evals.metric_kinds import WER
+from evals.kinds import wer as kind
 from evals.suites.base import (
     MetricSpec,
     MetricValue,
@@ -156,6 +156,10 @@ def score(utterance: Utterance, hypothesis: str, error: str | None = None) -> Sa
 
     ref_norm, hyp_norm = normalize(utterance.reference), normalize(hypothesis)
     counts = jiwer.process_words(ref_norm, hyp_norm)
+    found = kind.WordCounts(
+        substitutions=counts.substitutions, deletions=counts.deletions, insertions=counts.insertions,
+        ref_words=len(ref_norm.split()),
+    )
     return Sample(
         key=utterance.key,
         prompt_hash=utterance.audio_hash,
@@ -163,11 +167,8 @@ def score(utterance: Utterance, hypothesis: str, error: str | None = None) -> Sa
         target=utterance.reference,
         response=hypothesis,
         extracted={"normalized": hyp_norm},
-        substitutions=counts.substitutions,
-        deletions=counts.deletions,
-        insertions=counts.insertions,
-        ref_words=len(ref_norm.split()),
         error=error,
+        data={kind.NAME: found.model_dump()},
     )
 
 
@@ -285,12 +286,10 @@ def run(context: SuiteContext) -> SuiteOutcome:
     order = {u.key: i for i, u in enumerate(utterances)}
     samples = sorted(finished, key=lambda s: order[s.key])
     empty = sum(1 for s in samples if not s.extracted["normalized"])
-    totals = {
-        name: sum(getattr(s, name) or 0 for s in samples)
-        for name in ("substitutions", "deletions", "insertions", "ref_words")
-    }
-    errors = [(s.substitutions or 0) + (s.deletions or 0) + (s.insertions or 0) for s in samples]
-    words = [s.ref_words or 0 for s in samples]
+    found = [c for c in map(kind.counts, samples) if c is not None]
+    totals = {name: sum(getattr(c, name) for c in found) for name in kind.WordCounts.model_fields}
+    errors = [c.errors for c in found]
+    words = [c.ref_words for c in found]
     low, high = stats.bootstrap_wer_interval(errors, words)
     metric = MetricValue(
         name="wer",
@@ -318,4 +317,4 @@ def run(context: SuiteContext) -> SuiteOutcome:
     )
 
 
-DEFINITION = SuiteDefinition(name="wer", config_model=WerConfig, metrics=(MetricSpec("wer", WER),), run=run)
+DEFINITION = SuiteDefinition(name="wer", config_model=WerConfig, metrics=(MetricSpec("wer", kind.KIND),), run=run)

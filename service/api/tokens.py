@@ -10,7 +10,8 @@ from service import auth
 from service.api.deps import Admin, SessionDep, WriterDep
 from service.api.errors import Problem, documented, not_found, unprocessable
 from service.db.models import utcnow
-from service.schemas import INT64_MAX, TokenCreate, TokenCreated, TokenOut
+from service.schemas import INT64_MAX
+from service.token_schemas import TokenCreate, TokenCreated, TokenOut
 
 router = APIRouter(prefix="/api/v1/tokens", tags=["tokens"])
 

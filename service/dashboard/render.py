@@ -11,9 +11,10 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
+from evals import kinds
 from service.api.deps import ANONYMOUS, COOKIE, Caller, csrf_token
 from service.dashboard.assets import PLOTLY_URL
-from service.numbers import DECIMALS, format_metric, format_number, format_signed
+from service.numbers import DECIMALS, format_number, format_signed
 from service.releases.schemas import release_path
 from service.runs.state import ACTIVE, Status
 
@@ -52,11 +53,6 @@ def number(value: float | int | None, digits: int = DECIMALS) -> str:
     return format_number(value, digits, missing="—")
 
 
-def metric(value: float | None, details: dict[str, Any] | None) -> str:
-    """A metric's value, or "not finite" (`service.numbers.format_metric`)."""
-    return format_metric(value, details, missing="—")
-
-
 def is_link(value: str) -> bool:
     return value.startswith(("https://", "http://"))
 
@@ -74,45 +70,15 @@ def question_of(prompt: str) -> str:
     return question.strip().removesuffix("Answer:").strip()
 
 
-STRIP_FULL_SCALE = 1.0  # |delta logprob| (nats) at which a token's colour is full
-
-
-def token_strip(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """A drift sample's greedy tokens, each with its |delta logprob| against the reference arm.
-
-    `shade` (0..1) colours the token; the first divergent position is `first`, and tokens past
-    it have no delta (the arms no longer condition on the same text). A reference row (no
-    comparison) shows its tokens unshaded.
-    """
-    arm = data.get("arm") or {}
-    reference = data.get("reference") or {}
-    first = (data.get("drift") or {}).get("first_divergence")
-    strip = []
-    for i, token in enumerate(arm.get("tokens", [])):
-        mine = arm["logprobs"][i] if i < len(arm.get("logprobs", [])) else None
-        theirs = reference.get("logprobs", [])[i] if i < len(reference.get("logprobs", [])) else None
-        before = first is None or i < first
-        delta = abs(mine - theirs) if reference and before and mine is not None and theirs is not None else None
-        strip.append(
-            {
-                "token": token,
-                "logprob": mine,
-                "delta": delta,
-                "shade": min(1.0, delta / STRIP_FULL_SCALE) if delta is not None else 0.0,
-                "first": i == first,
-                "after": first is not None and i > first,
-            }
-        )
-    return strip
-
-
 def _templates() -> Jinja2Templates:
     templates = Jinja2Templates(directory=HERE / "templates")
     env = templates.env
     env.filters.update(
-        when=when, duration=duration, since=since, number=number, signed=format_signed, metric=metric,
-        question=question_of, token_strip=token_strip,
+        when=when, duration=duration, since=since, number=number, signed=format_signed,
+        question=question_of,
     )
+    for kind in kinds.registry().values():  # what a kind's own partials (samples/<kind>.html) use
+        env.filters.update(kind.filters)
     env.tests["link"] = is_link
     env.globals.update(
         with_query=with_query, LIVE=LIVE, PLOTLY_URL=PLOTLY_URL, ANONYMOUS=ANONYMOUS, release_path=release_path

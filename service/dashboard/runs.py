@@ -15,13 +15,11 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from evals import suites as suite_registry
-from evals.metric_kinds import ACCURACY
 from service.api.deps import Caller, Offset, SessionDep
 from service.auth import Role, allows
 from service.dashboard.access import PageCaller
 from service.dashboard.render import page
-from service.dashboard.views import profile_names, reference_runs, sample_counts
+from service.dashboard.views import profile_names, reference_runs, sample_counts, shown_kind
 from service.db.models import ARM_NAME_MAX, Run
 from service.runs import queries
 from service.runs.compare import CompareError, arms_and_suites, diff_runs, pick_arm
@@ -119,15 +117,6 @@ def run_page(run_id: int, request: Request, caller: PageCaller, session: Session
     )
 
 
-def _shown_kind(suite: str) -> str:
-    """The kind of the suite's primary metric picks the samples view; a suite no longer registered
-    is shown as items (key, prompt, response, flags), which every stored sample has."""
-    definition = suite_registry.registry().get(suite)
-    if definition is None:
-        return ACCURACY.name
-    return (definition.metrics[0].kind if definition.metrics else definition.open_kind or ACCURACY).name
-
-
 @router.get("/runs/{run_id}/samples", response_class=HTMLResponse)
 def samples_page(
     run_id: int,
@@ -158,15 +147,12 @@ def samples_page(
     )
     count = next(c for c in sample_counts(session, run_id) if (c.arm, c.suite) == (arm, suite))
     chosen = {"suite": suite, "arm": arm, "wrong_only": wrong_only, "q": q}
-    kind = _shown_kind(suite)
-    marks = {}
-    if kind == "wer":  # mark each utterance's substituted, deleted and inserted words
-        from evals.suites.wer import word_marks
-
-        marks = {s.key: word_marks(s.target, s.response) for s in listing.items}
+    kind = shown_kind(suite)
+    marked = kind.marks
+    marks = {s.key: marked(s.target, s.response) for s in listing.items} if marked is not None else {}
     return page(
         request, "samples.html", caller, run=run, stored=stored, listing=listing, chosen=chosen, count=count,
-        kind=kind, marks=marks,
+        kind=kind.name, marks=marks,
     )  # fmt: skip
 
 

@@ -9,14 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import case, func, select
+from sqlalchemy import ColumnElement, case, func, select
 from sqlalchemy.orm import Session
 
+from evals import kinds
+from evals import suites as suite_registry
+from evals.kinds import MetricKind
 from evals.verdict import Baseline, threshold
 from service.baselines import list_baselines
 from service.db.models import Run, SuiteResult
 from service.db.models import Sample as SampleRow
-from service.numbers import format_metric, format_number
+from service.numbers import format_number
 from service.schemas import BaselineOut
 
 
@@ -55,8 +58,8 @@ def _point(row: SuiteResult, run: Run) -> dict[str, Any]:
         "run_id": run.id,
         "at": run.created_at.isoformat(),
         "arm": row.arm,
-        "value": None if (row.details or {}).get("kl_finite") is False else row.value,  # not finite: no point
-        "shown": format_metric(row.value, row.details),
+        "value": suite_registry.stored_kind(row.suite, row.metric).plotted(row.value, row.details),
+        "shown": suite_registry.shown(row.suite, row.metric, row.value, row.details),
         "ci_low": row.ci_low,
         "ci_high": row.ci_high,
         "n": row.n,
@@ -109,28 +112,52 @@ def trends(session: Session, profile: str, last: int) -> list[dict[str, Any]]:
 class SuiteCount:
     arm: str
     suite: str
+    kind: str  # the kind whose view shows the suite's samples (`shown_kind`)
     samples: int
     wrong: int
-    word_errors: int | None
-    ref_words: int | None
+    totals: dict[str, int | None]  # the kind's declared sums (`MetricKind.totals`); None: no sample had them
+
+
+def shown_kind(suite: str) -> MetricKind:
+    """The kind of the suite's primary metric picks the samples view; a suite no longer registered,
+    or one whose profile names its metrics (lm-eval), is shown as items (key, prompt, response,
+    flags), which every stored sample has."""
+    definition = suite_registry.registry().get(suite)
+    if definition is None:
+        return kinds.get("accuracy")
+    return definition.metrics[0].kind if definition.metrics else kinds.get("accuracy")
 
 
 def sample_counts(session: Session, run_id: int) -> list[SuiteCount]:
-    """Per (arm, suite): how many samples, how many wrong, and the corpus word counts."""
+    """Per (arm, suite): how many samples, how many wrong, and the sums its kind declares."""
+    sums = {name: paths for kind in kinds.registry().values() for name, paths in kind.totals.items()}
     rows = session.execute(
         select(
             SampleRow.arm,
             SampleRow.suite,
             func.count(),
             func.sum(case((SampleRow.is_correct.is_(False), 1), else_=0)),
-            func.sum(SampleRow.word_errors),
-            func.sum(SampleRow.ref_words),
+            *(func.sum(sum_of(paths)) for paths in sums.values()),
         )
         .where(SampleRow.run_id == run_id)
         .group_by(SampleRow.arm, SampleRow.suite)
         .order_by(SampleRow.arm, SampleRow.suite)
     ).all()
-    return [SuiteCount(arm, suite, n, wrong or 0, errors, words) for arm, suite, n, wrong, errors, words in rows]
+    counts = []
+    for arm, suite, n, wrong, *totals in rows:
+        kind = shown_kind(suite)
+        found = dict(zip(sums, totals, strict=True))
+        counts.append(SuiteCount(arm, suite, kind.name, n, wrong or 0, {name: found[name] for name in kind.totals}))
+    return counts
+
+
+def sum_of(paths: tuple[tuple[str, str], ...]) -> ColumnElement[int]:
+    """`data[a][b]` summed over the paths, as an integer; NULL where a sample has none of them."""
+    values = [SampleRow.data[path].as_integer() for path in paths]
+    total = values[0]
+    for value in values[1:]:
+        total = total + value
+    return total
 
 
 def reference_runs(session: Session, profile: str, exclude: int) -> dict[int, list[str]]:

@@ -163,13 +163,8 @@ class Sample(Base):
     extracted: Mapped[dict[str, Any]] = mapped_column(default=dict)
     correct: Mapped[dict[str, Any]] = mapped_column(default=dict)
     is_correct: Mapped[bool | None] = mapped_column(Boolean)
-    substitutions: Mapped[int | None] = mapped_column(Integer)
-    deletions: Mapped[int | None] = mapped_column(Integer)
-    insertions: Mapped[int | None] = mapped_column(Integer)
-    ref_words: Mapped[int | None] = mapped_column(Integer)
-    word_errors: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
-    data: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
+    data: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")  # each kind's, by its names
     severity: Mapped[float | None] = mapped_column(Float)  # the kind's "how bad", worst first on pages
 
 

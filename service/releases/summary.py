@@ -20,6 +20,7 @@ from urllib.parse import quote
 from sqlalchemy import ColumnElement, func, literal_column, select
 from sqlalchemy.orm import Session, load_only
 
+from evals import kinds
 from service.db.models import Run, SuiteResult
 from service.numbers import format_number
 from service.profiles import Profile
@@ -237,35 +238,16 @@ def _reasons(run: Run, metrics: Sequence[MetricOutcome]) -> list[str]:
 
 
 def _paired(diff_arm: str, suites: Sequence[SuiteDiff]) -> list[PairedChange]:
-    """Counts from the run diff: flips per accuracy metric, utterances worse/better, prompts that diverge."""
-    out = []
-    for suite in suites:
-        for acc in suite.accuracy:
-            down, up = len(acc.right_to_wrong), len(acc.wrong_to_right)
-            out.append(
-                PairedChange(
-                    arm=diff_arm, suite=suite.suite, kind="accuracy", metric=acc.metric, matched=acc.matched,
-                    worse=down, better=up, summary=f"{down} right→wrong, {up} wrong→right of {acc.matched} items",
-                )
-            )  # fmt: skip
-        if suite.wer is not None:
-            w = suite.wer
-            out.append(
-                PairedChange(
-                    arm=diff_arm, suite=suite.suite, kind="wer", metric=None, matched=w.matched, worse=w.worse,
-                    better=w.better, summary=f"{w.worse} utterances worse, {w.better} better of {w.matched}",
-                )
-            )  # fmt: skip
-        if suite.drift is not None:
-            d = suite.drift
-            out.append(
-                PairedChange(
-                    arm=diff_arm, suite=suite.suite, kind="drift", metric=None, matched=d.matched, worse=d.diverged,
-                    better=0,
-                    summary=f"{d.diverged} of {d.matched} prompts diverge, {d.violations} outside the close rule",
-                )
-            )  # fmt: skip
-    return out
+    """Counts from the run diff, as each kind summarises its section (`MetricKind.changes`)."""
+    return [
+        PairedChange(
+            arm=diff_arm, suite=suite.suite, kind=name, metric=c.metric, matched=c.matched, worse=c.worse,
+            better=c.better, summary=c.summary,
+        )
+        for suite in suites
+        for name in suite.kinds
+        for c in kinds.get(name).changes(getattr(suite, name))
+    ]
 
 
 def _compare(

@@ -12,8 +12,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, load_only
 
+from evals import suites as suite_registry
 from service.db.models import Run, SuiteResult
-from service.numbers import format_metric, format_number
+from service.numbers import format_number
 from service.releases.schemas import release_path
 from service.releases.summary import DECIDED
 
@@ -51,7 +52,7 @@ def release_trends(session: Session, profile: str, key: str, last: int) -> dict[
                 "run_id": row.run_id,
                 "arm": row.arm,
                 "value": row.value,
-                "shown": format_metric(row.value, row.details),
+                "shown": suite_registry.shown(row.suite, row.metric, row.value, row.details),
                 "ci_low": row.ci_low,
                 "ci_high": row.ci_high,
                 "verdict": row.verdict or "none",

@@ -4,17 +4,19 @@ Run `a` is the one compared against (usually the reference), run `b` the one und
 Each run contributes one arm: the one asked for, else its treatment arm (the last arm of
 an A/B run) or its only arm, the same choice scoring makes for a reference run. Comparing
 two arms of one A/B run is `diff(session, run, run, arm_a="fixed", arm_b="fixed,block_size=32")`.
-The item-level work is `evals.diff`, so a diff and a verdict never disagree on an item.
+The item-level work is each metric kind's (`evals.kinds`), which reads the same per-item
+scores for its diff as for its verdict, so the two never disagree on an item.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from evals import kinds as metric_kinds
 from evals import suites as suite_registry
 from evals.suites.base import Sample
 from service.db.models import Run
@@ -26,80 +28,23 @@ class CompareError(ValueError):
     """Two runs that cannot be compared as asked; the message says which arm or suite is missing."""
 
 
-class FlipOut(BaseModel):
-    key: str
-    target: str
-    response_a: str
-    response_b: str
-    extracted_a: str | None
-    extracted_b: str | None
-
-
-class AccuracyDiffOut(BaseModel):
-    metric: str
-    matched: int = Field(description="Items scored under this metric in both runs")
-    right_to_wrong: list[FlipOut]
-    wrong_to_right: list[FlipOut]
-
-
-class WerChangeOut(BaseModel):
-    key: str
-    target: str = Field(description="The reference transcript")
-    hypothesis_a: str
-    hypothesis_b: str
-    errors_a: int
-    errors_b: int
-    words: int
-
-
-class WerDiffOut(BaseModel):
-    matched: int = Field(description="Utterances with word counts in both runs")
-    worse: int
-    better: int
-    changes: list[WerChangeOut] = Field(description="Largest change first, rises before falls")
-
-
-class DriftChangeOut(BaseModel):
-    key: str
-    first_divergence: int | None
-    close: bool = Field(description="The divergent tokens are in each other's top-k")
-    mean_abs_dlogprob: float | None
-    tokens_a: list[int]
-    tokens_b: list[int]
-
-
-class DriftDiffOut(BaseModel):
-    matched: int = Field(description="Prompts with a greedy output in both runs")
-    diverged: int
-    violations: int = Field(description="Divergences outside the close rule")
-    changes: list[DriftChangeOut] = Field(description="Violations first, then the earliest divergence")
-
-
-class ConditionChangeOut(BaseModel):
-    condition: str
-    matched: int = Field(description="Prompts this condition compared in both runs")
-    diverged_a: int = Field(description="Prompts whose argmax moved under the condition where its floor's did not")
-    diverged_b: int
-    mean_kl_a: float
-    mean_kl_b: float
-    newly_diverged: list[str] = Field(description="Prompts that moved in run b only")
-
-
-class InvarianceDiffOut(BaseModel):
-    matched: int = Field(description="Prompts with condition rows in both runs")
-    conditions: list[ConditionChangeOut]
-
-
-class SuiteDiff(BaseModel):
-    """One suite's changes; each metric kind the suite declares fills the field of its name."""
+class _SuiteDiffBase(BaseModel):
+    """One suite's changes; each metric kind the suite declares fills the field of its name
+    (`evals.kinds`: accuracy, wer, drift, invariance, mean), with the kind's own diff model."""
 
     suite: str
     kind: str = Field(description="The kind of the suite's first diffed metric: accuracy, wer, ...")
     kinds: list[str] = Field(description="Every metric kind with a section here, in the suite's declaration order")
-    accuracy: list[AccuracyDiffOut] = Field(default_factory=list, description="One entry per accuracy metric")
-    wer: WerDiffOut | None = None
-    drift: DriftDiffOut | None = None
-    invariance: InvarianceDiffOut | None = None
+
+
+if TYPE_CHECKING:
+    SuiteDiff = _SuiteDiffBase
+else:  # a field per registered kind, typed and documented by the kind's module
+    SuiteDiff = create_model(
+        "SuiteDiff",
+        __base__=_SuiteDiffBase,
+        **{k.name: (k.section, Field(k.empty)) for k in metric_kinds.registry().values()},
+    )
 
 
 class DiffSide(BaseModel):
@@ -157,22 +102,22 @@ def _suite_diff(suite: str, a: dict[str, Sample], b: dict[str, Sample], top: int
     sections: dict[str, Any] = {}
     kinds = definition.kinds()
     if not kinds and definition.open_kind is not None:  # metrics named by the profile: those the rows hold
-        kinds = {definition.open_kind: sorted({m for s in (*a.values(), *b.values()) for m in s.correct})}
+        rows = {**a, **b}
+        for name in sorted({m for k in metric_kinds.registry().values() for m in k.metrics_in(rows)}):
+            kinds.setdefault(definition.open_kind(name), []).append(name)
     for kind, metrics in kinds.items():
         found = kind.diff(a, b, metrics, top)
         if found is not None:
             sections[kind.name] = found
     if not sections:
         return None
-    return SuiteDiff.model_validate(
-        {"suite": suite, "kind": next(iter(sections)), "kinds": list(sections), **sections}, from_attributes=True
-    )
+    return SuiteDiff(suite=suite, kind=next(iter(sections)), kinds=list(sections), **sections)
 
 
 def diff_runs(
     session: Session, a: Run, b: Run, *, arm_a: str | None = None, arm_b: str | None = None, top: int = 50
 ) -> RunDiff:
-    """Per suite both runs stored, what its metric kinds diff: accuracy flips, the `top` largest WER changes."""
+    """Per suite both runs stored, what its metric kinds diff (at most `top` items per section)."""
     stored_a, stored_b = arms_and_suites(session, a.id), arms_and_suites(session, b.id)
     side_a, side_b = pick_arm(a, stored_a, arm_a), pick_arm(b, stored_b, arm_b)
     suites_a, suites_b = set(stored_a[side_a]), set(stored_b[side_b])

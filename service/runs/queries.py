@@ -78,7 +78,7 @@ def list_samples(
     offset: int = 0,
     limit: int = 50,
 ) -> Page[SampleOut]:
-    """Wrong answers first, then worst word error counts, then the highest severity: what a reviewer reads first."""
+    """Wrong answers first, then the highest severity under the suite's kind: what a reviewer reads first."""
     query = select(SampleRow).where(SampleRow.run_id == run_id)
     if suite:
         query = query.where(SampleRow.suite == suite)
@@ -94,7 +94,6 @@ def list_samples(
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
     ordered = query.order_by(
         SampleRow.is_correct.is_(True),
-        SampleRow.word_errors.desc().nulls_last(),
         SampleRow.severity.desc().nulls_last(),
         SampleRow.id,
     )

@@ -15,6 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from evals import suites as suite_registry
+from evals.suites import shown
 from evals.suites.base import MetricValue, Sample, SuiteOutcome
 from evals.verdict import Baseline, MetricJudgement, judge_ab, run_verdict
 from service.arms import arm_verdicts
@@ -23,7 +24,6 @@ from service.db.models import Baseline as BaselineRow
 from service.db.models import Run, SuiteResult
 from service.db.models import Sample as SampleRow
 from service.db.session import session_scope
-from service.numbers import format_metric
 from service.profiles import Profile
 from service.runs import store
 
@@ -183,7 +183,7 @@ def score(
     prefix = (lambda arm: f"{arm}/") if len(arms) > 1 else (lambda arm: "")
     summary = (
         "; ".join(
-            f"{prefix(arm)}{j.suite}.{j.metric} {format_metric(j.value, j.details)}: {j.verdict}"
+            f"{prefix(arm)}{j.suite}.{j.metric} {shown(j.suite, j.metric, j.value, j.details)}: {j.verdict}"
             for arm, j in judgements
         )
         or "no metrics were judged"

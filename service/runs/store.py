@@ -19,13 +19,6 @@ from service.db.models import Run, SuiteResult
 from service.db.models import Sample as SampleRow
 
 
-def _word_errors(sample: SuiteSample) -> int | None:
-    counts = (sample.substitutions, sample.deletions, sample.insertions)
-    if any(c is None for c in counts):
-        return None
-    return sum(c for c in counts if c is not None)
-
-
 def save_samples(
     session: Session, run_id: int, arm: str, suite: str, primary_metric: str, samples: Sequence[SuiteSample]
 ) -> None:
@@ -49,11 +42,6 @@ def save_samples(
             extracted=dict(s.extracted),
             correct={k: bool(v) for k, v in s.correct.items()},
             is_correct=kind.passed(s, primary_metric),
-            substitutions=s.substitutions,
-            deletions=s.deletions,
-            insertions=s.insertions,
-            ref_words=s.ref_words,
-            word_errors=_word_errors(s),
             error=s.error,
             data=dict(s.data),
             severity=kind.severity(s, primary_metric),
@@ -71,10 +59,6 @@ def to_suite_sample(row: SampleRow) -> SuiteSample:
         response=row.response,
         extracted=dict(row.extracted or {}),
         correct=dict(row.correct or {}),
-        substitutions=row.substitutions,
-        deletions=row.deletions,
-        insertions=row.insertions,
-        ref_words=row.ref_words,
         error=row.error,
         data=dict(row.data or {}),
     )

@@ -17,7 +17,8 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session
 
-from evals.verdict import judge_accuracy, judge_wer
+from evals.kinds.accuracy import judge_accuracy
+from evals.kinds.wer import judge_wer
 from service.db.models import Baseline as BaselineRow
 from service.db.models import Run, utcnow
 from service.db.session import session_scope
@@ -93,7 +94,7 @@ def _whisper(session: Session, release: str, hours: int, profile: str = WHISPER)
         errors[int(WORSE_UTTERANCE[-4:])] = 3
     utterances = [_utterance(i, e) for i, e in enumerate(errors)]
     store.save_samples(session, run.id, "fixed", "wer", "wer", utterances)
-    counts = {u.key: (u.substitutions or 0, u.ref_words or 0) for u in utterances}
+    counts = {u.key: (u.data["wer"]["substitutions"], u.data["wer"]["ref_words"]) for u in utterances}
     judgement = judge_wer("wer", "wer", counts, WER_BASELINE)
     _store(session, run, "wer", judgement, "lower")
     _conclude(run, [judgement])

@@ -15,12 +15,14 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from evals import suites
+from evals.kinds.accuracy import judge_accuracy
+from evals.kinds.wer import judge_wer
 from evals.suites.base import MetricValue, Sample
-from evals.verdict import Baseline, MetricJudgement, judge_accuracy, judge_wer, run_verdict
+from evals.verdict import Baseline, MetricJudgement, run_verdict
 from service.db.models import Baseline as BaselineRow
 from service.db.models import Run, utcnow
 from service.db.session import session_scope
-from service.numbers import format_metric
 from service.runs import store
 
 GSM8K = "kimi-linear-48b-a3b"
@@ -160,10 +162,7 @@ def _utterance(i: int, errors: int) -> Sample:
         prompt_hash=f"a{i:04d}",
         target=reference,
         response=hypothesis,
-        substitutions=errors,
-        deletions=0,
-        insertions=0,
-        ref_words=words,
+        data={"wer": {"substitutions": errors, "deletions": 0, "insertions": 0, "ref_words": words}},
     )
 
 
@@ -192,7 +191,7 @@ def _conclude(run: Run, judgements: list[MetricJudgement]) -> None:
     run.verdict = run_verdict(judgements)
     run.status = "failed" if run.verdict == "fail" else "passed"
     run.verdict_summary = f"{run.verdict}: " + "; ".join(
-        f"{j.suite}.{j.metric} {format_metric(j.value, j.details)}: {j.verdict}" for j in judgements
+        f"{j.suite}.{j.metric} {suites.shown(j.suite, j.metric, j.value, j.details)}: {j.verdict}" for j in judgements
     )
 
 
@@ -271,7 +270,7 @@ def seed(database_url: str) -> Seeded:
                     errors[int(WORSE_UTTERANCE[-4:])] = 6
                 utterances = [_utterance(i, e) for i, e in enumerate(errors)]
                 store.save_samples(session, wer_run.id, "fixed", "wer", "wer", utterances)
-                counts = {u.key: (u.substitutions or 0, u.ref_words or 0) for u in utterances}
+                counts = {u.key: (u.data["wer"]["substitutions"], u.data["wer"]["ref_words"]) for u in utterances}
                 judgement = judge_wer("wer", "wer", counts, WER_BASELINE)
                 _store(session, wer_run, "wer", judgement, "lower")
                 _conclude(wer_run, [judgement])

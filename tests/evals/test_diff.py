@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from evals.diff import correct_flags, diff_accuracy, diff_wer, word_errors
+from evals.kinds.accuracy import correct_flags, diff_accuracy
+from evals.kinds.wer import diff_wer, word_errors
 from evals.suites.base import Sample
 
 
@@ -18,16 +19,13 @@ def _answer(key: str, right: bool, response: str) -> Sample:
 
 
 def _utterance(key: str, errors: tuple[int, int, int] | None, hypothesis: str) -> Sample:
-    s, d, i = errors if errors is not None else (None, None, None)
+    counts = None if errors is None else dict(zip(("substitutions", "deletions", "insertions"), errors, strict=True))
     return Sample(
         key=key,
         prompt_hash="h",
         target="the cat sat on the mat",
         response=hypothesis,
-        substitutions=s,
-        deletions=d,
-        insertions=i,
-        ref_words=6 if errors is not None else None,
+        data={} if counts is None else {"wer": {**counts, "ref_words": 6}},
     )
 
 

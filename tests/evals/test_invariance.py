@@ -11,10 +11,12 @@ from typing import Any
 
 import pytest
 
-from evals.invariance import Observation, diff_invariance, judge_invariance, observe, row, skipped
+from evals.invariance import Observation, judge_invariance, observe, row, skipped
+from evals.kinds.invariance import KIND as INVARIANCE
+from evals.kinds.invariance import diff_invariance
 from evals.logprob_drift import PromptDrift
 from evals.suites.base import Sample
-from evals.suites.invariance import INVARIANCE, InvarianceConfig
+from evals.suites.invariance import InvarianceConfig
 
 PROMPT_LEN = 10
 

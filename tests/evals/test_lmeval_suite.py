@@ -93,3 +93,43 @@ def test_stop_flag_ends_the_suite(gsm8k_engine: Engine, tmp_path: Path) -> None:
     with pytest.raises(SuiteAborted, match="stopped after"):
         lmeval.run(recorder.context(gsm8k_engine, config(limit=40, concurrency=2), tmp_path))
     assert recorder.progress[-1][0] < recorder.progress[-1][1]
+
+
+@pytest.mark.engine
+def test_a_metric_that_is_not_zero_one_is_judged_by_its_mean(gsm8k_engine: Engine, tmp_path: Path) -> None:
+    """lm-eval's F1 per item (the project's `kvcanary_arith_f1`) is kept per item and judged as a
+    mean; judged as 0/1 accuracy it had no sample scored and failed."""
+    from evals import suites
+    from evals.kinds import mean
+
+    recorder = Recorder()
+    tasks = {"tasks": [{"name": "kvcanary_arith_f1", "metrics": ["f1,none"]}], "num_fewshot": 2, "limit": 20}
+    outcome = lmeval.run(recorder.context(gsm8k_engine, lmeval.LmEvalConfig.model_validate(tasks), tmp_path))
+    (metric,) = outcome.metrics
+    kind = suites.metric_kind(lmeval.NAME, metric.name)
+    scores = kind.scores({s.key: s for s in outcome.samples}, metric.name)
+    assert kind is mean.KIND and metric.n == len(scores) == 20
+    assert all(0 <= v <= 1 for v in scores.values()) and len(set(scores.values())) > 2  # not 0/1
+    assert metric.value == pytest.approx(sum(scores.values()) / 20)  # lm-eval's own mean aggregation
+    assert not any(s.correct for s in outcome.samples)
+    judged = kind.judge(lmeval.NAME, metric.name, scores, None, scores)
+    assert judged.verdict == "pass" and judged.value == pytest.approx(metric.value) and judged.n == 20
+
+
+@pytest.mark.engine
+def test_a_corpus_metric_is_judged_by_resampling_items(gsm8k_engine: Engine, tmp_path: Path) -> None:
+    """lm-eval's corpus BLEU (the project's `kvcanary_arith_bleu`) keeps each item's record; the corpus
+    kind recomputes lm-eval's own value from them and judges it by resampling items."""
+    from evals import suites
+    from evals.kinds import corpus
+
+    recorder = Recorder()
+    tasks = {"tasks": [{"name": "kvcanary_arith_bleu", "metrics": ["bleu,none"]}], "num_fewshot": 2, "limit": 20}
+    outcome = lmeval.run(recorder.context(gsm8k_engine, lmeval.LmEvalConfig.model_validate(tasks), tmp_path))
+    (metric,) = outcome.metrics
+    kind = suites.metric_kind(lmeval.NAME, metric.name)
+    records = kind.scores({s.key: s for s in outcome.samples}, metric.name)
+    assert kind is corpus.KIND and metric.n == len(records) == 20
+    judged = kind.judge(lmeval.NAME, metric.name, records, None, records)
+    assert judged.value == pytest.approx(metric.value) and 0 < judged.value <= 100  # lm-eval's own corpus BLEU
+    assert judged.verdict == "pass" and judged.details["matched"] == 20

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from evals import suites
-from evals.metric_kinds import ACCURACY, WER
+from evals.kinds.accuracy import KIND as ACCURACY
+from evals.kinds.wer import KIND as WER
 from evals.suites.base import Sample
 
 
@@ -28,8 +29,9 @@ def test_every_registered_suite_declares_a_kind_per_metric() -> None:
 def test_kinds_read_their_own_fields_only() -> None:
     item = Sample(key="q", prompt_hash="h", target="42", response="42", correct={"strict-match": False})
     utterance = Sample(
-        key="u", prompt_hash="h", target="a b", response="a b", substitutions=0, deletions=0, insertions=0, ref_words=2
-    )
+        key="u", prompt_hash="h", target="a b", response="a b",
+        data={"wer": {"substitutions": 0, "deletions": 0, "insertions": 0, "ref_words": 2}},
+    )  # fmt: skip
     assert ACCURACY.scores({"q": item, "u": utterance}, "strict-match") == {"q": False}
     assert WER.scores({"q": item, "u": utterance}, "wer") == {"u": (0, 2)}
     assert (ACCURACY.passed(item, "strict-match"), ACCURACY.passed(utterance, "strict-match")) == (False, None)

@@ -6,8 +6,10 @@ import itertools
 
 import pytest
 
+from evals.kinds.accuracy import judge_accuracy
+from evals.kinds.wer import judge_wer
 from evals.stats import accuracy_mde, wer_mde
-from evals.verdict import Baseline, MetricJudgement, judge_ab, judge_accuracy, judge_wer, run_verdict, threshold
+from evals.verdict import Baseline, MetricJudgement, judge_ab, run_verdict, threshold
 
 GSM8K = Baseline(0.8711, "higher", "absolute", 0.08, "vLLM PR #47671, Kimi-Linear-48B-A3B")
 WER = Baseline(0.10, "lower", "absolute", 0.02, "fixture reference")

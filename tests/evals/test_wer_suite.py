@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from evals import fixtures
 from evals.fixtures import speech, whisper_en_plugin, whisper_tiny
+from evals.kinds import wer as kind
 from evals.suites.base import Sample, SuiteAborted, SuiteContext, SuiteOutcome
 from evals.suites.wer import DEFINITION, WerConfig, load_utterances, normalize
 from service.engine import Engine
@@ -107,7 +108,8 @@ def test_unreachable_server_is_retried_then_scored_as_empty(tmp_path: Path, mani
     assert [s.key for s in emitted] == [s.key for s in outcome.samples]
     for sample in outcome.samples:
         assert sample.error is not None and "after 2 attempt(s)" in sample.error
-        assert sample.ref_words and sample.deletions == sample.ref_words
+        counts = kind.counts(sample)
+        assert counts is not None and counts.ref_words and counts.deletions == counts.ref_words
 
 
 def _whisper_engine(
@@ -171,8 +173,9 @@ def test_wer_of_tiny_en_on_spoken_clips(english_run: tuple[SuiteOutcome, list[Sa
     assert outcome.empty_response_rate <= 0.05
     assert sorted(s.key for s in emitted) == sorted(s.key for s in outcome.samples)
     assert progress[-1] == (metric.n, metric.n)
-    edits = sum((s.substitutions or 0) + (s.deletions or 0) + (s.insertions or 0) for s in outcome.samples)
-    words = sum(s.ref_words or 0 for s in outcome.samples)
+    counts = [c for c in map(kind.counts, outcome.samples) if c is not None]
+    assert len(counts) == len(outcome.samples)
+    edits, words = sum(c.errors for c in counts), sum(c.ref_words for c in counts)
     assert metric.value == pytest.approx(edits / words)
     for sample in outcome.samples:
         assert sample.error is None and len(sample.prompt_hash) == 64

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from evals.verdict import Baseline, MetricJudgement, judge_accuracy
+from evals.kinds.accuracy import judge_accuracy
+from evals.verdict import Baseline, MetricJudgement
 from service.alerting.watcher import alert_run
 from service.arms import arm_verdicts, outcome
 from service.db.models import AlertCheck, Run, RunEvent, SuiteResult

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from evals.kinds.wer import counts as counts_of
 from service.db.models import Run, SuiteResult
 from service.db.models import Sample as SampleRow
 from service.db.session import session_scope
+from service.runs import store
 from tests.conftest import OFFLINE_ENV
 
 pytestmark = pytest.mark.engine
@@ -48,8 +50,9 @@ def test_run_whisper_fixture_profile_here(tmp_path: Path) -> None:
         run = session.scalars(select(Run)).one()
         samples = session.scalars(select(SampleRow).where(SampleRow.run_id == run.id)).all()
         assert run.status == "passed" and run.labels == {"purpose": "test"}
-        assert len(samples) >= 20 and all(s.ref_words and s.response for s in samples)
-        wer = sum(s.word_errors or 0 for s in samples) / sum(s.ref_words or 0 for s in samples)
+        counts = [c for c in (counts_of(store.to_suite_sample(s)) for s in samples) if c is not None]
+        assert len(samples) >= 20 and len(counts) == len(samples) and all(s.response for s in samples)
+        wer = sum(c.errors for c in counts) / sum(c.ref_words for c in counts)
         assert 0.05 < wer < 0.3, wer
         receipts = run.engine["fixed"]["receipts"]
         assert receipts and all(

@@ -53,10 +53,7 @@ def utterance(key: str, errors: int, words: int = 10) -> Sample:
         prompt_hash=f"h-{key}",
         target=f"reference words of {key}",
         response=f"hypothesis with {errors} errors",
-        substitutions=errors,
-        deletions=0,
-        insertions=0,
-        ref_words=words,
+        data={"wer": {"substitutions": errors, "deletions": 0, "insertions": 0, "ref_words": words}},
     )
 
 
@@ -220,6 +217,42 @@ def test_drift_rows_diff_by_first_divergence_and_page_shows_worst_first(client: 
 def test_samples_view_of_a_suite_whose_profile_names_its_metrics() -> None:
     """The generic lm-eval suite declares no metric (its profile's config names them): its samples
     show as its open kind, as do a no-longer-registered suite's, as items."""
-    from service.dashboard.runs import _shown_kind
+    from service.dashboard.views import shown_kind
 
-    assert (_shown_kind("lm-eval"), _shown_kind("wer"), _shown_kind("gone")) == ("accuracy", "wer", "accuracy")
+    shown = (shown_kind("lm-eval").name, shown_kind("wer").name, shown_kind("gone").name)
+    assert shown == ("accuracy", "wer", "accuracy")
+
+
+def test_lm_eval_metrics_of_two_kinds_diff_side_by_side(client: TestClient, settings: Settings) -> None:
+    """An lm-eval task scored by exact match (0/1), F1 (a number per item) and corpus BLEU: each
+    metric's kind diffs it, and the compare page shows every section."""
+    em, f1, bleu = "t:exact_match,none", "t:f1,none", "t:bleu,none"
+
+    def item(key: str, right: bool, score: float) -> Sample:
+        data = {"mean": {f1: score}, "corpus": {bleu: ["a b c d", "a b c d" if score else "x"]}}
+        return Sample(key=key, prompt_hash="h", target="7", response=f"r{score}", correct={em: right}, data=data)
+
+    runs = []
+    for scores in ([1.0, 0.5, 0.25], [1.0, 0.75, 0.0]):
+        with session_scope(settings.resolved_database_url()) as session:
+            run = Run(profile="fixture", status="passed", trigger="ci", arms=[])
+            session.add(run)
+            session.flush()
+            rows = [item(f"t-{i}", s == 1.0, s) for i, s in enumerate(scores)]
+            store.save_samples(session, run.id, "fixed", "lm-eval", f1, rows)
+            runs.append(run.id)
+    a, b = runs
+    [suite] = client.get(f"/api/v1/runs/{a}/diff/{b}").json()["suites"]
+    assert suite["kinds"] == ["corpus", "accuracy", "mean"] and suite["wer"] is None
+    [corpus] = suite["corpus"]
+    assert (corpus["metric"], corpus["matched"], corpus["value_a"]) == (bleu, 3, pytest.approx(100))
+    assert corpus["value_b"] < 100
+    [mean] = suite["mean"]
+    assert (mean["metric"], mean["matched"], mean["lower"], mean["higher"]) == (f1, 3, 1, 1)
+    assert [c["key"] for c in mean["changes"]] == ["t-2", "t-1"]  # -0.25 before +0.25: falls first
+    assert [m["metric"] for m in suite["accuracy"]] == [em]
+    page = client.get(f"/compare/{a}/{b}")
+    assert page.status_code == 200 and 'class="flips mean-changes"' in page.text and "0.2500 → 0.0000" in page.text
+    assert f'<tr data-metric="{bleu}">' in page.text
+    samples = client.get(f"/api/v1/runs/{b}/samples", params={"suite": "lm-eval"}).json()["items"]
+    assert [s["key"] for s in samples] == ["t-2", "t-1", "t-0"]  # the lowest score first

@@ -7,14 +7,17 @@ code; autogenerate's comparison finds the difference here first.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Column, Integer, MetaData, Table, create_engine
 
-from service.db.migrate import upgrade
+from service.db.migrate import alembic_config, upgrade
 from service.db.models import Base
 
 
@@ -55,3 +58,51 @@ def test_a_model_change_without_a_migration_is_found(tmp_path: Path) -> None:
     engine.dispose()
     added = [d[3].name for d in differences if d[0] == "add_column"]  # (a copy's indexes lose ddl_if)
     assert added == ["unmigrated"], differences
+
+
+def _filled(table: Table, **given: Any) -> dict[str, Any]:
+    """`given`, and a plain value for every other NOT NULL column without a default."""
+    plain = {sa.Integer: 1, sa.String: "x", sa.Text: "x", sa.Boolean: False, sa.Float: 0.0, sa.JSON: {}}
+    row = dict(given)
+    for column in table.columns:
+        if column.name in row or column.nullable or column.server_default is not None or column.primary_key:
+            continue
+        if isinstance(column.type, sa.DateTime):
+            row[column.name] = datetime.now(UTC)
+            continue
+        row[column.name] = next(v for t, v in plain.items() if isinstance(column.type, t))
+    return row
+
+
+def test_wer_columns_move_into_data_and_back(empty_database: str) -> None:
+    """0010 moves a sample's word counts into data["wer"] (its severity: the word errors) and
+    drops the columns; downgrade puts them back. Other samples and data keys stay as they were."""
+    upgrade(empty_database, "0009_run_profile_snapshot")
+    engine = create_engine(empty_database)
+    counts = {"substitutions": 2, "deletions": 1, "insertions": 0, "ref_words": 9}
+    try:
+        with engine.begin() as connection:
+            runs, samples = (Table(name, MetaData(), autoload_with=connection) for name in ("runs", "samples"))
+            run_id = connection.execute(sa.insert(runs).values(_filled(runs))).inserted_primary_key[0]
+            for row in (
+                _filled(samples, run_id=run_id, suite="wer", key="u1", data={"kept": 1}, word_errors=3, **counts),
+                _filled(samples, run_id=run_id, suite="drift", key="p1", data={"floor": {}}, severity=0.5),
+            ):
+                connection.execute(sa.insert(samples).values(row))
+        upgrade(empty_database)
+        with engine.connect() as connection:
+            table = Table("samples", MetaData(), autoload_with=connection)
+            rows = {r.key: r for r in connection.execute(sa.select(table))}
+        assert "word_errors" not in table.columns and "ref_words" not in table.columns
+        assert (rows["u1"].data, rows["u1"].severity) == ({"kept": 1, "wer": counts}, 3.0)
+        assert (rows["p1"].data, rows["p1"].severity) == ({"floor": {}}, 0.5)
+        command.downgrade(alembic_config(empty_database), "0009_run_profile_snapshot")
+        with engine.connect() as connection:
+            table = Table("samples", MetaData(), autoload_with=connection)
+            rows = {r.key: r for r in connection.execute(sa.select(table))}
+        back = rows["u1"]
+        assert (back.data, back.severity, back.word_errors) == ({"kept": 1}, None, 3)
+        assert {name: getattr(back, name) for name in counts} == counts
+        assert (rows["p1"].data, rows["p1"].severity, rows["p1"].ref_words) == ({"floor": {}}, 0.5, None)
+    finally:
+        engine.dispose()

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
+from evals.suites import shown
 from service.dashboard.views import trends
 from service.db.models import Run, SuiteResult
 from service.db.session import session_scope
-from service.numbers import format_metric, format_number, format_signed
+from service.numbers import format_number, format_signed
 from service.settings import Settings
 from tests.service.test_compare import client, settings  # noqa: F401 (fixtures)
 
@@ -34,9 +35,10 @@ def test_numbers_keep_their_digits_without_drowning(value: float | None, shown: 
 
 def test_signed_changes_and_metrics_flagged_not_finite() -> None:
     assert (format_signed(0.0125), format_signed(-3.1e-05), format_signed(0.0)) == ("+0.0125", "-3.1e-05", "0.0000")
-    assert format_metric(1e30, {"kl_finite": False}) == "not finite"
-    assert format_metric(4.03e-06, {"kl_finite": True}) == "4.03e-06"
-    assert format_metric(None, None, missing="—") == "—"
+    assert shown("drift", "kl", 1e30, {"kl_finite": False}) == "not finite"  # the drift kind's display
+    assert shown("drift", "kl", 4.03e-06, {"kl_finite": True}) == "4.03e-06"
+    assert shown("gsm8k", "strict-match", None, None, missing="—") == "—"
+    assert shown("gone", "m", 0.5, {"kl_finite": False}) == "0.5000"  # no longer registered: a plain number
     assert format_number(1.5e-07, digits=6) == "1.5e-07" and format_number(0.5, digits=6) == "0.500000"
 
 

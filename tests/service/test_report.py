@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from service.db.models import SuiteResult
 from service.numbers import format_number
 from service.report import cli_console, metric_value, print_run, write_junit
-from service.schemas import RunDetail
+from service.schemas import MetricOut, RunDetail
 
 METRIC = "exact_match,strict-match-then-flexible-extract-fallback"  # a long name: the row is over 150 wide
 
@@ -88,9 +89,15 @@ def test_a_warned_drift_metric_passes_in_junit_and_shows_its_warning(tmp_path: P
 
 
 def test_a_non_finite_kl_is_shown_as_not_finite(capsys: pytest.CaptureFixture[str]) -> None:
-    """The stored number of a non-finite KL is a placeholder; the CLI and JUnit say what it is."""
+    """The stored number of a non-finite KL is a placeholder; the service's document says what it is
+    (the drift kind's display), and the CLI and JUnit print that."""
+    stored = SuiteResult(
+        arm="fixed", suite="drift", metric="kl", value=1e30, n=8, stderr=None, ci_low=None, ci_high=None,
+        direction="lower", empty_response_rate=0.0, baseline_value=None, threshold=None, verdict="fail",
+        explanation="not finite", details={"kl_finite": False},
+    )  # fmt: skip
     run = _run()
-    run.metrics[0].value, run.metrics[0].details = 1e30, {"kl_finite": False}
+    run.metrics[0] = MetricOut.of(stored)
     print_run(run, Console(width=400))
     assert "not finite" in capsys.readouterr().out
     assert metric_value(run.metrics[0]) == "not finite"
