@@ -202,10 +202,10 @@ def test_an_arm_fails_when_any_of_its_metrics_fails_and_errors_when_its_engine_d
         for arm, suite, verdict in rows:
             session.add(SuiteResult(run_id=run.id, arm=arm, suite=suite, metric="m", value=1.0, n=1, verdict=verdict))
         run_id = run.id
-    scoring.judge_arms(database_url, run_id, ["fixed", CHUNKED, "legacy"], dead=["legacy"])
     with session_scope(database_url) as session:
         stored = session.get(Run, run_id)
         assert stored is not None
+        scoring.judge_arms(session, stored, ["fixed", CHUNKED, "legacy"], dead=["legacy"])
         assert stored.arm_verdicts == {"fixed": "pass", CHUNKED: "fail", "legacy": "error"}
         assert stored.outcome == "unexpected"
         assert describe_outcome(stored.expect, stored.arm_verdicts) == (
