@@ -156,8 +156,7 @@ def run_arm(
     """Every suite of one arm against its own engine, each outcome into `outcomes` as it ends;
     EngineDied when the engine dies, RunCancelled or RunLost when the watcher stopped the run."""
     arm, profile = spec.name, apply_arm(context.profile, spec)
-    watcher.raise_if_stopped(f"before arm {arm} started")
-    watcher.stop_event.clear()
+    watcher.rearm(arm)
     private_dir(context.run_dir / arm)
     engine = context.engines(profile, context.run_dir / arm, watcher.stop_event)
     try:

@@ -13,8 +13,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+from sqlalchemy.orm import Session
+
 from evals.suites.base import SuiteAborted, SuiteOutcome
 from service.arms import run_arms
+from service.db.models import Run
 from service.engine.death import EngineDied
 from service.engine.launcher import EngineStartError
 from service.private_files import private_dir
@@ -89,25 +92,33 @@ def _execute(context: RunContext, watcher: Watcher) -> str:
     if len(deaths) == len(arms):
         raise deaths[0]
     context.update(Status.SCORING, "suites done", timings=dict(context.timings), engine_pid=None)
-    with context.owned() as (session, run):
+    with context.owned() as (session, run):  # verdict and end in one transaction
         verdict, summary = scoring.score(session, run, context.profile, outcomes, arms)
         scoring.judge_arms(session, run, arms, [death.arm for death in deaths])
         run.verdict, run.verdict_summary = verdict, summary
-        if not deaths:
-            final = Status.FAILED if verdict == "fail" else Status.PASSED
-            transition(session, run, final, summary)
-            return final.value
-    message = "EngineDied: " + "; ".join(str(death) for death in deaths)
-    return _end(context, Status.ERROR, message, deaths[0].log_tail)
+        if deaths:
+            message = "EngineDied: " + "; ".join(str(death) for death in deaths)
+            return _finish(context, session, run, Status.ERROR, message, deaths[0].log_tail)
+        final = Status.FAILED if verdict == "fail" else Status.PASSED
+        transition(session, run, final, summary)
+        return final.value
 
 
 def _end(context: RunContext, status: Status, message: str, tail: str = "") -> str:
     """Write the run's end (`interrupted` instead, with nothing written, if it is no longer ours)."""
-    tail = tail or context.log_tail
-    fields = {"error": message if status == Status.ERROR else "", "timings": dict(context.timings)}
     try:
-        context.update(status, message, **fields, **({"log_tail": tail[-LOG_TAIL_CHARS:]} if tail else {}))
+        with context.owned() as (session, run):
+            return _finish(context, session, run, status, message, tail)
     except RunLost as exc:
         log.warning("%s; its end (%s) is not written", exc, status.value)
         return Status.INTERRUPTED.value
+
+
+def _finish(context: RunContext, session: Session, run: Run, status: Status, message: str, tail: str) -> str:
+    tail = tail or context.log_tail
+    run.error = message if status == Status.ERROR else ""
+    run.timings = dict(context.timings)
+    if tail:
+        run.log_tail = tail[-LOG_TAIL_CHARS:]
+    transition(session, run, status, message)
     return status.value

@@ -43,6 +43,13 @@ class Watcher:
         name = f"run-{self.context.run_id}-watch"
         threading.Thread(target=self._loop, name=name, daemon=True).start()
 
+    def rearm(self, arm: str) -> None:
+        """A clear stop event for the next arm's engine, unless the run was stopped meanwhile."""
+        self.raise_if_stopped(f"before arm {arm} started")
+        self.stop_event.clear()
+        if self.lost.is_set() or self.cancelled.is_set():  # stopped while it was being cleared
+            self.stop_event.set()
+
     def raise_if_stopped(self, moment: str) -> None:
         """RunLost or RunCancelled when either stopped the attempt."""
         if self.lost.is_set():
