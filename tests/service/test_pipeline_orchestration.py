@@ -19,7 +19,6 @@ import pytest
 from sqlalchemy import delete, func, select
 
 from evals.fixtures.gsm8k_data import FEWSHOT_FILE, TEST_FILE
-from evals.suites.base import MetricValue, SuiteOutcome
 from service import baselines
 from service.db.migrate import upgrade
 from service.db.models import Run, RunEvent, SuiteResult
@@ -27,7 +26,7 @@ from service.db.models import Sample as SampleRow
 from service.db.session import session_scope
 from service.profile_snapshot import snapshot_of
 from service.profiles import ArmSpec, Profile
-from service.runs import pipeline, queue, scoring
+from service.runs import pipeline, queue
 from service.runs.context import RunContext, RunLost
 from service.runs.state import Status, transition
 from service.settings import Settings
@@ -362,26 +361,3 @@ def test_a_recovery_waits_for_an_owned_write_and_the_next_write_is_refused(
     assert (row(database_url, run_id).status, row(database_url, run_id).progress_done) == ("queued", 3)
     with pytest.raises(RunLost):
         context.update(progress_done=4)
-
-
-# scoring's rule for suites that compare outputs
-
-
-def test_a_comparing_suite_is_judged_on_the_later_arm_and_stored_unjudged_on_the_control(
-    sqlite_url: str, tmp_path: Path, make_profile: MakeProfile
-) -> None:
-    profile = make_profile("stand-in-model", name="drift-rules", suites=[{"suite": "drift", "limit": 2}])
-    _, run_id = claimed(sqlite_url, tmp_path, profile, ["fixed", "legacy"])
-    kl = SuiteOutcome(metrics=[MetricValue("kl", 0.0, 2, direction="lower")], samples=[], empty_response_rate=0.0)
-    with session_scope(sqlite_url) as session:
-        run = session.get(Run, run_id)
-        assert run is not None
-        verdict, summary = scoring.score(
-            session, run, profile, {("fixed", "drift"): kl, ("legacy", "drift"): kl}, ["fixed", "legacy"]
-        )
-        scoring.judge_arms(session, run, ["fixed", "legacy"], [])
-    judged = results(sqlite_url, run_id)
-    assert judged[("fixed", "kl")].verdict is None  # the control is what the later arm is compared with
-    assert judged[("legacy", "kl")].verdict == "fail"  # no stored comparison supports its value
-    assert verdict == "fail" and summary.startswith("fail: legacy/drift.kl") and "fixed/" not in summary
-    assert row(sqlite_url, run_id).arm_verdicts == {"fixed": "pass", "legacy": "fail"}
