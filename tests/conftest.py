@@ -86,7 +86,7 @@ def execute_queued(
         queue.claim_next(session, "test-worker", run_id)
     for key, value in OFFLINE_ENV.items():
         monkeypatch.setenv(key, value)
-    return pipeline.execute(run_id, settings, {profile.name: profile}, "test-worker"), url, run_id
+    return pipeline.run_claimed(run_id, settings, {profile.name: profile}, "test-worker"), url, run_id
 
 
 @pytest.fixture(scope="session")

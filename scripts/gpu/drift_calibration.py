@@ -41,7 +41,7 @@ from evals.suites.base import Sample, SuiteContext
 from evals.verdict import MetricJudgement
 from service.engine import Engine
 from service.profiles import Profile, load_profile
-from service.runs.pipeline import resolve_profile
+from service.runs.context import resolve_profile
 from service.settings import PACKAGED_PROFILES
 
 Samples = dict[str, Sample]

@@ -67,10 +67,10 @@ def main() -> int:
             jobs = [(run.id, run.profile, [a["name"] for a in run.arms], _outcomes(session, run)) for run in runs]
         for run_id, profile, variants, outcomes in jobs:
             arms = variants or sorted({arm for arm, _ in outcomes})
-            verdict, summary = scoring.score(url, run_id, profiles[profile], outcomes, arms)
             with session_scope(url) as session:
                 run = session.get(Run, run_id)
                 assert run is not None
+                verdict, summary = scoring.score(session, run, profiles[profile], outcomes, arms)
                 run.verdict, run.verdict_summary = verdict, summary
                 if run.status in ("passed", "failed", "scoring"):  # an engine death stays an error
                     run.status = "failed" if verdict == "fail" else "passed"

@@ -89,7 +89,7 @@ def run(
         run_id = queued.id
         queue.claim_next(session, worker_id, run_id)
     console.print(f"run {run_id}: profile {profile}, folder {settings.runs_dir() / str(run_id)}")
-    worker = threading.Thread(target=pipeline.execute, args=(run_id, settings, profiles, worker_id), daemon=True)
+    worker = threading.Thread(target=pipeline.run_claimed, args=(run_id, settings, profiles, worker_id), daemon=True)
     worker.start()
     _follow(url, run_id, worker)
     with session_scope(url) as session:

@@ -53,7 +53,7 @@ def run_here(
         if claimed is None:
             say(f"run {run_id} ({name}) was taken by another worker; its result is read when it ends")
             continue
-        status = pipeline.execute(run_id, settings, dict(profiles), worker_id)
+        status = pipeline.run_claimed(run_id, settings, profiles, worker_id)
         say(f"run {run_id} {name} fixed vs {against}: {status} in {time.monotonic() - began:.0f} s")
     with session_scope(url, write=False) as session:
         return [latest_matrix(session, p.name, [e.suite for e in p.suites]) for p in selected]

@@ -5,7 +5,7 @@ worker does, but one replica at a time and only once the run handed over before 
 (so runs start in queue order), then hands each to the Ray cluster as a task that asks for the run's
 resources: `num_gpus = tensor_parallel_size` for a profile with `engine.needs_gpu` (the rule
 the local executor refuses by, `service.engine.gpus.gpus_needed`), else one CPU. The task runs
-the same `pipeline.execute` as the local worker, so the engine, the suites, progress and
+the same pipeline (`pipeline.run_claimed`) as the local worker, so the engine, the suites, progress and
 results reach the shared database as they would on one host.
 
 The replica that claimed a run stays its owner (`runs.worker_id`). Ray ties a task to the
@@ -38,6 +38,7 @@ from service.private_files import keep_private
 from service.profiles import Profile
 from service.runs import pipeline, queue
 from service.runs.admission import RunRefused, stored_profile
+from service.runs.context import locked_run
 from service.runs.orphan_guard import OrphanGuard
 from service.runs.state import ACTIVE, Status, transition
 from service.settings import Settings
@@ -138,19 +139,12 @@ def serialize_claims(session: Session) -> None:
         session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": CLAIM_LOCK_KEY})
 
 
-def _locked_run(session: Session, run_id: int) -> Run | None:
-    query = select(Run).where(Run.id == run_id)
-    if session.get_bind().dialect.name == "postgresql":
-        query = query.with_for_update()
-    return session.scalar(query)
-
-
 def _take_over(url: str, run_id: int, owner: str) -> bool:
     """Start only a run still claimed by `owner` and not yet begun, so no run executes twice."""
     import ray
 
     with session_scope(url) as session:
-        run = _locked_run(session, run_id)
+        run = locked_run(session, run_id)
         if run is None or run.worker_id != owner or run.status != Status.STARTING_ENGINE.value:
             return False
         run.heartbeat_at = utcnow()
@@ -177,7 +171,7 @@ def run_on_node(run_id: int, owner: str, database_url: str, profiles: dict[str, 
     if not _take_over(database_url, run_id, owner):
         return "skipped"
     with OrphanGuard():
-        return pipeline.execute(run_id, node_settings(database_url), profiles, owner)
+        return pipeline.run_claimed(run_id, node_settings(database_url), profiles, owner)
 
 
 @dataclass
@@ -310,7 +304,7 @@ class RayDispatcher:
 
     def _owned_active(self, session: Session, run_id: int) -> Run | None:
         """The run, locked, while this replica still owns it and it has not ended."""
-        run = _locked_run(session, run_id)
+        run = locked_run(session, run_id)
         if run is None or run.worker_id != self.worker_id or Status(run.status) not in ACTIVE:
             return None
         return run

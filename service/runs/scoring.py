@@ -23,7 +23,6 @@ from service.arms import outcome as expectation_outcome
 from service.db.models import Baseline as BaselineRow
 from service.db.models import Run, SuiteResult
 from service.db.models import Sample as SampleRow
-from service.db.session import session_scope
 from service.profiles import Profile
 from service.runs import store
 
@@ -108,7 +107,7 @@ def _judge_ab(
     suite: str,
     metric: MetricValue,
     control_arm: str,
-    run_id: int,
+    run: Run,
     samples: Mapping[str, Sample],
 ) -> MetricJudgement:
     """Treatment arm against the control arm on the same items; the baseline lends its tolerance."""
@@ -116,7 +115,7 @@ def _judge_ab(
     scores = kind.scores(samples, metric.name)
     if not scores:
         return _no_samples(suite, metric)
-    control = kind.scores(store.load_samples(session, run_id, control_arm, suite), metric.name)
+    control = kind.scores(store.load_samples(session, run.id, control_arm, suite), metric.name)
     baseline, _ = baseline_for(session, profile.name, suite, metric.name)
     return judge_ab(suite, metric.name, kind.judge, control, scores, baseline=baseline, control_label=control_arm)
 
@@ -147,7 +146,7 @@ def _with_pairing(base: MetricJudgement, paired: MetricJudgement, control_arm: s
 
 
 def score(
-    url: str, run_id: int, profile: Profile, outcomes: Mapping[tuple[str, str], SuiteOutcome], arms: list[str]
+    session: Session, run: Run, profile: Profile, outcomes: Mapping[tuple[str, str], SuiteOutcome], arms: list[str]
 ) -> tuple[str, str]:
     """Judge and store every metric of every arm that finished; return (run verdict, summary).
 
@@ -156,29 +155,26 @@ def score(
     arm whose engine died has no outcome here: the other is judged against the baseline alone.
     """
     judgements: list[tuple[str, MetricJudgement]] = []
-    with session_scope(url) as session:
-        run = session.get(Run, run_id)
-        assert run is not None
-        for (arm, suite), outcome in outcomes.items():
-            samples = store.load_samples(session, run_id, arm, suite)
-            limit = profile.suite_configs()[suite].max_empty_response_rate
-            control = arms[0] if len(arms) > 1 and arm != arms[0] and (arms[0], suite) in outcomes else None
-            compares = suite_registry.get(suite).compares_outputs
-            own_findings = suite_registry.get(suite).judges_control_arm
-            for metric in outcome.metrics:
-                if compares and not own_findings and len(arms) > 1 and arm == arms[0]:
-                    # a suite that compares outputs judges the later arms against this one's inside
-                    store.save_result(session, run, arm, suite, metric, outcome.empty_response_rate, None)
-                    continue
-                judgement = _judge(session, run, profile, suite, metric, samples)
-                if control is not None and not compares:
-                    paired = _judge_ab(session, profile, suite, metric, control, run_id, samples)
-                    judgement = _with_pairing(judgement, paired, control)
-                if outcome.empty_response_rate > limit:
-                    judgement = _empty_rate_failure(judgement, outcome.empty_response_rate, limit)
-                if len(arms) == 1 or judgement.verdict != "no_baseline" or control is not None:
-                    judgements.append((arm, judgement))
-                store.save_result(session, run, arm, suite, metric, outcome.empty_response_rate, judgement)
+    for (arm, suite), outcome in outcomes.items():
+        samples = store.load_samples(session, run.id, arm, suite)
+        limit = profile.suite_configs()[suite].max_empty_response_rate
+        control = arms[0] if len(arms) > 1 and arm != arms[0] and (arms[0], suite) in outcomes else None
+        compares = suite_registry.get(suite).compares_outputs
+        own_findings = suite_registry.get(suite).judges_control_arm
+        for metric in outcome.metrics:
+            if compares and not own_findings and len(arms) > 1 and arm == arms[0]:
+                # a suite that compares outputs judges the later arms against this one's inside
+                store.save_result(session, run, arm, suite, metric, outcome.empty_response_rate, None)
+                continue
+            judgement = _judge(session, run, profile, suite, metric, samples)
+            if control is not None and not compares:
+                paired = _judge_ab(session, profile, suite, metric, control, run, samples)
+                judgement = _with_pairing(judgement, paired, control)
+            if outcome.empty_response_rate > limit:
+                judgement = _empty_rate_failure(judgement, outcome.empty_response_rate, limit)
+            if len(arms) == 1 or judgement.verdict != "no_baseline" or control is not None:
+                judgements.append((arm, judgement))
+            store.save_result(session, run, arm, suite, metric, outcome.empty_response_rate, judgement)
     verdict = run_verdict([j for _, j in judgements])
     prefix = (lambda arm: f"{arm}/") if len(arms) > 1 else (lambda arm: "")
     summary = (
@@ -191,16 +187,10 @@ def score(
     return verdict, f"{verdict}: {summary}"
 
 
-def judge_arms(url: str, run_id: int, arms: list[str], dead: list[str]) -> None:
+def judge_arms(session: Session, run: Run, arms: list[str], dead: list[str]) -> None:
     """Store each arm's verdict (service.arms: fail if any of its metrics failed, error if its
     engine died) and, where the run has expectations, its outcome."""
-    with session_scope(url) as session:
-        run = session.get(Run, run_id)
-        assert run is not None
-        judged = session.execute(
-            select(SuiteResult.arm, SuiteResult.verdict).where(
-                SuiteResult.run_id == run_id, SuiteResult.verdict.is_not(None)
-            )
-        ).all()
-        run.arm_verdicts = arm_verdicts(arms, [(arm, str(verdict)) for arm, verdict in judged], dead)
-        run.outcome = expectation_outcome(run.expect, run.arm_verdicts) if run.expect else None
+    verdicts = select(SuiteResult.arm, SuiteResult.verdict)
+    judged = session.execute(verdicts.where(SuiteResult.run_id == run.id, SuiteResult.verdict.is_not(None))).all()
+    run.arm_verdicts = arm_verdicts(arms, [(arm, str(verdict)) for arm, verdict in judged], dead)
+    run.outcome = expectation_outcome(run.expect, run.arm_verdicts) if run.expect else None

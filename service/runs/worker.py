@@ -43,7 +43,7 @@ def run_next(settings: Settings, profiles: dict[str, Profile], worker_id: str) -
         return None
     log.info("worker %s runs run %d", worker_id, run_id)
     with OrphanGuard():  # if this process is killed, its engine must not outlive it
-        pipeline.execute(run_id, settings, profiles, worker_id)
+        pipeline.run_claimed(run_id, settings, profiles, worker_id)
     return run_id
 
 

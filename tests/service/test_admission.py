@@ -130,7 +130,7 @@ def test_the_pipeline_refuses_a_snapshot_this_host_cannot_run_though_the_file_no
         run_id = run.id
         queue.claim_next(session, "test-worker", run_id)
     now_cpu = packaged[GPU].model_copy(update={"engine": packaged[GPU].engine.model_copy(update={"needs_gpu": False})})
-    assert pipeline.execute(run_id, settings, {GPU: now_cpu}, "test-worker") == "error"
+    assert pipeline.run_claimed(run_id, settings, {GPU: now_cpu}, "test-worker") == "error"
     with session_scope(url) as session:
         row = session.get(Run, run_id)
         assert row is not None

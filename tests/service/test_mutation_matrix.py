@@ -114,11 +114,11 @@ def finish(
             outcomes[(arm, suite)] = SuiteOutcome(metrics=metrics, samples=list(rows), empty_response_rate=0.0)
     profile = configured_profiles(settings)[PROFILE]
     arms = ["fixed", *seen, *dead]
-    verdict, summary = scoring.score(url, run_id, profile, outcomes, arms)
-    scoring.judge_arms(url, run_id, arms, list(dead))
     with session_scope(url) as session:
         run = session.get(Run, run_id)
         assert run is not None
+        verdict, summary = scoring.score(session, run, profile, outcomes, arms)
+        scoring.judge_arms(session, run, arms, list(dead))
         run.status = "error" if dead else "failed" if verdict == "fail" else "passed"
         run.verdict, run.verdict_summary = verdict, summary
         run.error = "; ".join(f"the engine of arm {arm!r} died while gsm8k ran: illegal memory access" for arm in dead)

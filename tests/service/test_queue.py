@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -18,8 +18,11 @@ from service.db.migrate import upgrade
 from service.db.models import Run, RunEvent, utcnow
 from service.db.session import session_scope
 from service.runs import queue, store
-from service.runs.pipeline import _Watcher
+from service.runs.context import RunContext, vllm_engines
 from service.runs.state import ALLOWED, InvalidTransition, Status, transition
+from service.runs.watch import Watcher
+from service.settings import Settings
+from tests.conftest import MakeProfile
 
 
 @pytest.fixture
@@ -119,17 +122,23 @@ def test_recover_names_the_silence_of_a_worker_on_another_host(db: str) -> None:
 
 
 def test_the_heartbeat_outlives_a_database_it_could_not_reach_for_a_while(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, make_profile: MakeProfile
 ) -> None:
     """SQLite's own error for a folder that is not there yet stands in for a database that is down."""
     ready = tmp_path / "ready"
     ready.mkdir()
     upgrade(f"sqlite:///{ready / 'kv.db'}")
     [run_id] = _enqueue(f"sqlite:///{ready / 'kv.db'}")
+    with session_scope(f"sqlite:///{ready / 'kv.db'}") as session:
+        queue.claim_next(session, "test-worker", run_id)
     later = tmp_path / "later"
     url = f"sqlite:///{later / 'kv.db'}"
-    watcher = _Watcher(url, run_id, threading.Event())
-    with caplog.at_level(logging.ERROR, logger="service.runs.pipeline"):
+    settings = Settings(database_url=url, data_dir=tmp_path / "data")
+    context = RunContext(
+        run_id, settings, make_profile("m"), "test-worker", partial(session_scope, url), vllm_engines(settings), []
+    )
+    watcher = Watcher(context)
+    with caplog.at_level(logging.ERROR, logger="service.runs.watch"):
         watcher.start()
         try:
             _until(lambda: "heartbeat failed" in caplog.text)
