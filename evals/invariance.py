@@ -158,11 +158,11 @@ class ConditionResult:
     verdict: Verdict
     compared: int
     divergent: int
-    mean_kl: float
-    ci: tuple[float, float]
+    mean_kl: float | None  # over the prompts with finite logprobs; None: none had
+    ci: tuple[float, float] | None
     floor_kl: float
     threshold: float
-    max_kl: float
+    max_kl: float | None
     agreement: float
     violations: int
     floor_violations: int
@@ -181,11 +181,17 @@ class ConditionResult:
 
     def sentence(self, tolerance: float) -> str:
         info = CONDITIONS.get(self.name)
+        if self.mean_kl is None or self.ci is None:
+            kl = "mean KL not finite (no prompt has finite logprobs)"
+        else:
+            over = f" over its {self.compared - self.nonfinite} finite prompts" if self.nonfinite else ""
+            ci = f"95% CI {self.ci[0]:.3g}-{self.ci[1]:.3g}, clustered by prompt"
+            kl = f"mean KL {self.mean_kl:.3g} nats{over} ({ci})"
         text = (
             f"{info.label if info else self.name} ({self.verdict}; {info.compares if info else ''}): "
-            f"{self.compared} prompts, mean KL {self.mean_kl:.3g} nats (95% CI {self.ci[0]:.3g}-{self.ci[1]:.3g}, "
-            f"clustered by prompt) against its floor {self.floor_kl:.3g} + tolerance {tolerance:.3g} "
-            f"(floor: {info.floor if info else 'measured'}), max KL {self.max_kl:.3g}, argmax agreement "
+            f"{self.compared} prompts, {kl} against its floor {self.floor_kl:.3g} + tolerance {tolerance:.3g} "
+            f"(floor: {info.floor if info else 'measured'}), max KL "
+            f"{'not finite' if self.max_kl is None else f'{self.max_kl:.3g}'}, argmax agreement "
             f"{self.agreement:.4f}, {self.divergent} diverge"
         )
         if self.firsts:
@@ -212,7 +218,8 @@ def _condition(
         ((key, d["first_divergence"]) for key, d in drifts.items() if d["first_divergence"] is not None),
         key=lambda item: (item[1], item[0]),
     )
-    kls = [d["mean_kl"] for d in drifts.values() if d["finite"]] or [0.0]
+    finite = [d for d in drifts.values() if d["finite"]]
+    kls = [d["mean_kl"] for d in finite]
     floor_kl = _mean([r["floor"]["mean_kl"] for r in rows.values()])
     notes = sorted({str(r["note"]) for r in rows.values() if r.get("note")})
     firsts = [f"{key}@{where(pos, lens[key])}" for key, pos in divergent]
@@ -221,11 +228,11 @@ def _condition(
         verdict=judged.verdict,
         compared=len(rows),
         divergent=len(divergent),
-        mean_kl=_mean(kls),
-        ci=mean_interval(kls, confidence=1 - alpha),
+        mean_kl=_mean(kls) if kls else None,
+        ci=mean_interval(kls, confidence=1 - alpha) if kls else None,
         floor_kl=floor_kl,
         threshold=floor_kl + (baseline.tolerance if baseline is not None else tolerance),
-        max_kl=max(d["max_kl"] for d in drifts.values()),
+        max_kl=max((d["max_kl"] for d in finite), default=None),
         agreement=_mean([d["argmax_agreement"] for d in drifts.values()]),
         violations=sum(1 for d in drifts.values() if not d["close"]),
         floor_violations=sum(1 for r in rows.values() if not r["floor"]["close"]),
@@ -284,7 +291,8 @@ def judge_invariance(
     details: dict[str, float | int | str | None] = {"n": len(candidate), "alpha": alpha}
     for r in results:
         details.update({f"{r.name}.verdict": r.verdict, f"{r.name}.prompts": r.compared,
-                        f"{r.name}.mean_kl": r.mean_kl, f"{r.name}.ci_low": r.ci[0], f"{r.name}.ci_high": r.ci[1],
+                        f"{r.name}.mean_kl": r.mean_kl,
+                        f"{r.name}.ci_low": r.ci and r.ci[0], f"{r.name}.ci_high": r.ci and r.ci[1],
                         f"{r.name}.floor_mean_kl": r.floor_kl, f"{r.name}.max_kl": r.max_kl,
                         f"{r.name}.argmax_agreement": r.agreement, f"{r.name}.divergent": r.divergent,
                         f"{r.name}.first_divergence": r.first})  # fmt: skip
@@ -300,9 +308,10 @@ def judge_invariance(
         return MetricJudgement(suite, metric, "inconclusive", 0.0, len(candidate), None, None, explanation, details)
     verdict: Verdict = max((r.verdict for r in results), key=_RANK.__getitem__)
     failed = [r for r in results if r.verdict == "fail"]
-    deciding = max(failed or results, key=lambda r: r.mean_kl - r.floor_kl)
+    deciding = max(failed or results, key=lambda r: math.inf if r.mean_kl is None else r.mean_kl - r.floor_kl)
     details.update({"failed_conditions": ",".join(r.name for r in failed) or None, "decided_by": deciding.name,
-                    "ci_low": deciding.ci[0], "ci_high": deciding.ci[1]})  # fmt: skip
+                    "ci_low": deciding.ci and deciding.ci[0], "ci_high": deciding.ci and deciding.ci[1],
+                    "kl_finite": deciding.mean_kl is not None})  # fmt: skip
     if failed:
         if len(results) == 1:
             scope = "on"
@@ -330,6 +339,7 @@ def judge_invariance(
     timing = ", ".join(f"{name} {s:.1f} s" for name, s in seconds.items())
     explanation = f"{head} {body}{skipped_text}" + (f" Time per condition: {timing}." if timing else "")
     return MetricJudgement(
-        suite, metric, verdict, deciding.mean_kl, len(candidate), deciding.floor_kl, deciding.threshold,
+        suite, metric, verdict, math.inf if deciding.mean_kl is None else deciding.mean_kl, len(candidate),
+        deciding.floor_kl, deciding.threshold,
         explanation, details,
     )  # fmt: skip

@@ -30,6 +30,11 @@ def display(value: float | None, details: Mapping[str, Any] | None, missing: str
     return format_number(value, missing=missing)
 
 
+def plotted(value: float, details: Mapping[str, Any] | None) -> float | None:
+    """No chart point for a non-finite KL: its stored number is a placeholder."""
+    return None if (details or {}).get("kl_finite") is False else value
+
+
 def _scores(samples: Samples, metric: str) -> dict[str, Any]:
     """key -> the prompt's floor and (for a candidate) drift rows, as `judge_drift` reads them."""
     fields = ("floor", "drift", "finite", "kl_tolerance", "dlogprob_tolerance")
@@ -140,6 +145,6 @@ KIND = MetricKind(
     passed=_passed,
     severity=_severity,
     display=display,
-    plotted=lambda value, details: None if (details or {}).get("kl_finite") is False else value,
+    plotted=plotted,
     filters={"token_strip": token_strip},
 )

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 
 from evals.invariance import _mean, judge_invariance
 from evals.kinds import MetricKind, Samples
+from evals.kinds.drift import display, plotted
 from evals.suites.base import Sample
 
 NON_FINITE_SEVERITY = 1e30
@@ -107,4 +108,6 @@ KIND = MetricKind(
     section=InvarianceDiff | None,
     passed=_passed,
     severity=_severity,
+    display=display,
+    plotted=plotted,
 )

@@ -46,6 +46,7 @@ from evals import invariance as inv
 from evals.drift_verdict import DEFAULT_DLOGPROB_MARGIN, DEFAULT_KL_MARGIN
 from evals.invariance import Observation, observe
 from evals.invariance_conditions import Asker, EngineFacts, PromptRun, batch, engine_facts, family, sequential
+from evals.kinds.drift import NOT_FINITE
 from evals.kinds.invariance import KIND as INVARIANCE
 from evals.suites.base import MetricSpec, MetricValue, Sample, SuiteConfig, SuiteContext, SuiteDefinition, SuiteOutcome
 from evals.suites.drift import DriftConfig, Prompt, _gsm8k_texts
@@ -202,7 +203,8 @@ def run(context: SuiteContext) -> SuiteOutcome:
         for name, r in s.data["conditions"].items():
             if "skipped" not in r:
                 per.setdefault(name, []).append(r["drift"]["mean_kl"])
-    value = max((math.fsum(v) / len(v) for v in per.values()), default=0.0)
+    finite = all(s.data["finite"] for s in samples)
+    value = max((math.fsum(v) / len(v) for v in per.values()), default=0.0) if finite else NOT_FINITE
     empty = sum(1 for s in samples if not s.data["tokens"])
     return SuiteOutcome(
         metrics=[MetricValue(name=METRIC, value=value, n=len(samples), direction="lower")],

@@ -153,6 +153,17 @@ def test_non_finite_logprobs_fail_the_condition_that_produced_them() -> None:
     judged = judge_invariance("invariance", "kl", _rows({"decode_prefill": _same(), "long_context": nan}), None)
     assert judged.verdict == "fail"
     assert "diverges only on long context: 16 of 16 prompts have non-finite logprobs" in judged.explanation
+    # never "mean KL 0": the condition has no KL at all, and every report says so
+    assert "long context (fail; " in judged.explanation and "mean KL not finite" in judged.explanation
+    sentence = judged.explanation.split("long context (")[1]
+    assert "max KL not finite" in sentence and "mean KL 0 nats" not in sentence
+    assert judged.details["long_context.mean_kl"] is None and judged.details["kl_finite"] is False
+    assert judged.value == math.inf and INVARIANCE.display(1e30, judged.details, "-") == "not finite"
+    assert INVARIANCE.plotted(1e30, judged.details) is None
+    half = [row((_drift(finite=i % 2 == 0, kl=1e-6), 20), (_drift(), 20)) for i in range(16)]
+    partial = judge_invariance("invariance", "kl", _rows({"batch": half}), None)
+    assert "over its 8 finite prompts" in partial.explanation
+    assert partial.details["batch.mean_kl"] == pytest.approx(1e-6)
 
 
 def test_few_prompts_are_inconclusive_not_pass() -> None:
