@@ -35,14 +35,33 @@ def read_have(path: Path) -> set[str]:
     return {normalise(line.split("#")[0].strip()) for line in text.splitlines() if line.split("#")[0].strip()}
 
 
+def source_tree(repo: Path, into: Path) -> Path:
+    """The checkout's files as git sees them (tracked, and untracked ones it does not ignore), copied
+    to `into`: a wheel built in place reuses setuptools' `build/` folder and would carry modules
+    deleted since it was last built. Outside a git checkout, `repo` itself."""
+    listed = subprocess.run(
+        ["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if listed.returncode != 0:
+        return repo
+    shutil.rmtree(into, ignore_errors=True)
+    for name in filter(None, listed.stdout.split("\0")):
+        if (repo / name).is_file():  # a deleted file is still listed until the deletion is staged
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(repo / name, into / name)
+    return into
+
+
 def pack(repo: Path, out: Path, python: str, have: set[str]) -> list[str]:
     """Build, then keep kvcanary and what is not in `have`; returns the kept wheel file names."""
     alldeps, wheels = out / ".alldeps", out / "wheels"
     for folder in (alldeps, wheels):
         shutil.rmtree(folder, ignore_errors=True)
     wheels.mkdir(parents=True)
+    source = source_tree(repo, out / ".source")
     subprocess.run(
-        [python, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "-w", str(alldeps), f"{repo}[{EXTRAS}]"],
+        [python, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "-w", str(alldeps), f"{source}[{EXTRAS}]"],
         check=True,
     )
     kept = []

@@ -106,6 +106,14 @@ def test_the_pack_installed_beside_host_and_kit_imports_every_module_and_runs_th
          "--no-compile", "--target", str(target), *wheels],
         check=True, capture_output=True, timeout=600,
     )  # fmt: skip
+    # Every file the packages read at run time travels: the dashboard's per-kind templates in their
+    # subfolders, the project's lm-eval tasks, profiles, fixtures (a wheel once lacked the first two).
+    tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", "service", "evals", "kernels"],
+                             capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    data = [path for path in tracked if not path.endswith(".py")]
+    assert any(path.startswith("service/dashboard/templates/diff/") for path in data), data
+    missing = [path for path in data if not (target / path).is_file()]
+    assert not missing, f"files the installed pack lacks: {missing}"
     host_site = tmp_path / "host-site"
     _link_distributions(have, host_site)
     venv = tmp_path / "host"
