@@ -14,7 +14,8 @@ from service.report import cli_console
 from service.schemas import RunDetail, check_labels, parse_label_pairs
 
 if TYPE_CHECKING:
-    from service.profiles import Expectation
+    from service.profiles import Expectation, Profile
+    from service.settings import Settings
 
 console = cli_console()
 EXIT_PASS, EXIT_REGRESSION, EXIT_ERROR = 0, 1, 2
@@ -74,3 +75,15 @@ def prepared_db() -> str:
     url = settings.resolved_database_url()
     upgrade(url)
     return url
+
+
+def loaded_profiles(settings: Settings) -> dict[str, Profile]:
+    """The configured profiles, or exit 2 with the reason a profile file is broken."""
+    from service.profile_catalog import configured_profiles
+    from service.profiles import ProfileError
+
+    try:
+        return configured_profiles(settings)
+    except ProfileError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(EXIT_ERROR) from exc

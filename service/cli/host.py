@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from service.cli.common import EXIT_ERROR, console, prepared_db
+from service.cli.common import EXIT_ERROR, console, loaded_profiles, prepared_db
 from service.durations import EXAMPLES, parse_duration
 from service.roles import Role
 
@@ -137,11 +137,10 @@ def baselines_promote(
     """Make a finished run the paired reference for every metric it reported."""
     from service import baselines
     from service.db.session import session_scope
-    from service.profile_catalog import configured_profiles
     from service.settings import get_settings
 
     settings = get_settings()
-    profiles = configured_profiles(settings)
+    profiles = loaded_profiles(settings)
     with session_scope(prepared_db()) as session:
         try:
             changed = baselines.promote(session, run_id, by, profiles)

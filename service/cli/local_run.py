@@ -24,6 +24,7 @@ from service.cli.common import (
     console,
     exit_code,
     expectations,
+    loaded_profiles,
     prepared_db,
 )
 from service.report import print_run, write_junit
@@ -43,8 +44,7 @@ def run(
     from service.db.models import Run
     from service.db.session import session_scope
     from service.private_files import keep_private
-    from service.profile_catalog import configured_profiles
-    from service.profiles import ArmSpec, ProfileError, RunOverrides
+    from service.profiles import ArmSpec, RunOverrides
     from service.runs import pipeline, queries, queue
     from service.runs.admission import admit
     from service.runs.worker import new_worker_id
@@ -54,11 +54,7 @@ def run(
     keep_private()
     settings = get_settings()
     url = prepared_db()
-    try:
-        profiles = configured_profiles(settings)
-    except ProfileError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(EXIT_ERROR) from exc
+    profiles = loaded_profiles(settings)
     if profile not in profiles:
         console.print(f"[red]unknown profile {profile!r}; known profiles: {', '.join(sorted(profiles))}[/red]")
         raise typer.Exit(EXIT_ERROR)

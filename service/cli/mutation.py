@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import httpx
 import typer
 
-from service.cli.common import EXIT_ERROR, EXIT_PASS, checked_labels, console, prepared_db
+from service.cli.common import EXIT_ERROR, EXIT_PASS, checked_labels, console, loaded_profiles, prepared_db
 
 if TYPE_CHECKING:
     from service.runs.mutation import MutationMatrix
@@ -66,19 +66,13 @@ def _mutants_here(
     names: list[str], chosen: list[str], batch: str, labels: dict[str, str], show: bool
 ) -> list[MutationMatrix]:
     from service.db.session import session_scope
-    from service.profile_catalog import configured_profiles
-    from service.profiles import ProfileError
     from service.runs import mutation_batch
     from service.runs.admission import RunRefused, fitted
     from service.runs.mutation import latest_matrix
     from service.settings import get_settings
 
     settings = get_settings()
-    try:
-        profiles = configured_profiles(settings)
-    except ProfileError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(EXIT_ERROR) from exc
+    profiles = loaded_profiles(settings)
     missing = [name for name in names if name not in profiles]
     if missing:
         console.print(f"[red]unknown profile {', '.join(missing)}; known profiles: {', '.join(sorted(profiles))}[/red]")

@@ -92,12 +92,17 @@ def locked_run(session: Session, run_id: int) -> Run | None:
     return session.scalar(query)
 
 
+def owns(run: Run | None, worker_id: str) -> bool:
+    """Whether the run still exists, is this worker's and has not ended: the only state it may write."""
+    return run is not None and run.worker_id == worker_id and run.status in {s.value for s in ACTIVE}
+
+
 @contextmanager
 def owned_run(sessions: SessionFactory, run_id: int, worker_id: str) -> Iterator[tuple[Session, Run]]:
     """`RunContext.owned`, for a run whose context could not be opened."""
     with sessions() as session:
         run = locked_run(session, run_id)
-        if run is None or run.worker_id != worker_id or run.status not in {s.value for s in ACTIVE}:
+        if run is None or not owns(run, worker_id):
             state = "deleted" if run is None else f"{run.status}, worker {run.worker_id}"
             raise RunLost(f"run {run_id} is no longer this worker's ({state})")
         yield session, run

@@ -38,7 +38,7 @@ from service.private_files import keep_private
 from service.profiles import Profile
 from service.runs import pipeline, queue
 from service.runs.admission import RunRefused, stored_profile
-from service.runs.context import locked_run
+from service.runs.context import locked_run, owns
 from service.runs.orphan_guard import OrphanGuard
 from service.runs.state import ACTIVE, Status, transition
 from service.settings import Settings
@@ -305,9 +305,7 @@ class RayDispatcher:
     def _owned_active(self, session: Session, run_id: int) -> Run | None:
         """The run, locked, while this replica still owns it and it has not ended."""
         run = locked_run(session, run_id)
-        if run is None or run.worker_id != self.worker_id or Status(run.status) not in ACTIVE:
-            return None
-        return run
+        return run if owns(run, self.worker_id) else None
 
     def _follow(self) -> None:
         """Heartbeat runs whose task waits for a node; cancel tasks whose run was cancelled."""
