@@ -170,6 +170,10 @@ class ConditionResult:
     first: str | None  # the earliest first divergence, in words, with its prompt
     firsts: list[str]
     notes: list[str]
+    # The decode path's |delta logprob| excess over the floor with its interval, and its verdict:
+    # a condition can fail on decode logprobs alone, where no KL and no argmax moved.
+    decode: tuple[float | None, float | None, float | None]
+    decode_verdict: str
 
     def headline(self) -> str:
         label = CONDITIONS[self.name].label if self.name in CONDITIONS else self.name
@@ -177,6 +181,9 @@ class ConditionResult:
             return f"{label}: {self.nonfinite} of {self.compared} prompts have non-finite logprobs"
         if self.divergent:
             return f"{label}: {self.divergent} of {self.compared} prompts, first at {self.first}"
+        excess, _low, high = self.decode
+        if self.decode_verdict == "fail" and excess is not None and high is not None:
+            return f"{label}: decode |delta logprob| {excess:.3g} nats over its floor, to {high:.3g}; no argmax moved"
         return f"{label}: mean KL {self.mean_kl:.3g} nats over its floor's {self.floor_kl:.3g}, no argmax changed"
 
     def sentence(self, tolerance: float) -> str:
@@ -197,9 +204,16 @@ class ConditionResult:
         if self.firsts:
             text += f" (first divergent positions {', '.join(self.firsts[:4])})"
         text += f", {self.violations} outside the close rule (floor {self.floor_violations})"
+        excess, low, high = self.decode
+        if excess is not None and low is not None and high is not None:
+            text += f", decode |delta logprob| {excess:.3g} nats over the floor ({low:.3g}-{high:.3g})"
         if self.nonfinite:
             text += f", {self.nonfinite} with non-finite logprobs"
         return text + "".join(f"; {note}" for note in self.notes)
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
 
 
 def _condition(
@@ -240,7 +254,10 @@ def _condition(
         first=where(divergent[0][1], lens[divergent[0][0]]) if divergent else None,
         firsts=firsts,
         notes=notes,
-    )
+        decode=(_number(judged.details.get("dlogprob_excess")), _number(judged.details.get("dlogprob_ci_low")),
+                _number(judged.details.get("dlogprob_ci_high"))),
+        decode_verdict=str(judged.details.get("dlogprob_verdict")),
+    )  # fmt: skip
 
 
 _RANK: dict[str, int] = {"pass": 0, "no_baseline": 1, "warn": 2, "inconclusive": 3, "fail": 4}
@@ -295,7 +312,9 @@ def judge_invariance(
                         f"{r.name}.ci_low": r.ci and r.ci[0], f"{r.name}.ci_high": r.ci and r.ci[1],
                         f"{r.name}.floor_mean_kl": r.floor_kl, f"{r.name}.max_kl": r.max_kl,
                         f"{r.name}.argmax_agreement": r.agreement, f"{r.name}.divergent": r.divergent,
-                        f"{r.name}.first_divergence": r.first})  # fmt: skip
+                        f"{r.name}.first_divergence": r.first, f"{r.name}.dlogprob_excess": r.decode[0],
+                        f"{r.name}.dlogprob_ci_low": r.decode[1], f"{r.name}.dlogprob_ci_high": r.decode[2],
+                        f"{r.name}.dlogprob_verdict": r.decode_verdict})  # fmt: skip
     seconds: dict[str, float] = {}
     for r in candidate.values():
         for name, s in (r.get("seconds") or {}).items():

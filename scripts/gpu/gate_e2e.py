@@ -135,6 +135,10 @@ def rows() -> list[Row]:
             "every condition within its floor (control, 64-token chunks)",
             lambda r: [p for arm in r["variants"][1:] for p in _arm_verdicts(r, arm, {"pass", "warn"})]
             + [p for arm in r["variants"] for p in _on_path(r, arm)]),
+        Row("inv-mla-ab", "invariance", "invariance-tiny-mla-gpu", ("--compare", "stock,fixed,split_lse_merge"),
+            "stock and fixed within their floors under every condition; split_lse_merge reported (docs/mutants.md)",
+            lambda r: _arm_verdicts(r, "stock", {"pass", "warn", "inconclusive"})
+            + _arm_verdicts(r, "fixed", {"pass", "warn"}) + [p for arm in r["variants"] for p in _on_path(r, arm)]),
         Row("inv-mla-legacy", "invariance", "invariance-tiny-mla-gpu", ("--compare", "fixed,legacy", *high),
             "legacy (wrong pages past the int32 wrap) fails, the verdict naming the conditions, or dies",
             lambda r: _broken(r, "legacy") + _on_path(r, "legacy")),
@@ -231,10 +235,13 @@ def conditions(run: dict[str, Any]) -> list[str]:
                 f"{details.get(f'{name}.prompts')} | "
                 f"{format_number(kl)} [{format_number(details.get(f'{name}.ci_low'))}, "
                 f"{format_number(details.get(f'{name}.ci_high'))}] | {format_number(floor)} | "
+                f"{format_number(details.get(f'{name}.dlogprob_excess'))} "
+                f"[{format_number(details.get(f'{name}.dlogprob_ci_low'))}, "
+                f"{format_number(details.get(f'{name}.dlogprob_ci_high'))}] | "
                 f"{details.get(f'{name}.first_divergence')} | {details.get(f'{name}.seconds', '-')} |"
             )
         if details.get("skipped"):
-            lines.append(f"| {run['id']} | {m['arm']} | skipped | {details['skipped']} | | | | | |")
+            lines.append(f"| {run['id']} | {m['arm']} | skipped | {details['skipped']} | | | | | | |")
     return lines
 
 
@@ -315,8 +322,11 @@ def main() -> int:
     printed = table(results) if results else ""
     per_condition = [line for _row, run, _s, _p in results for line in conditions(run)]
     if per_condition:
-        head = "| run | arm | condition | verdict | prompts | mean KL [90% CI] | floor | first divergence | seconds |"
-        printed += f"\n\n{head}\n|---|---|---|---|---|---|---|---|---|\n" + "\n".join(per_condition)
+        head = (
+            "| run | arm | condition | verdict | prompts | mean KL [90% CI] | floor "
+            "| decode |Δ logprob| over the floor [90% CI] | first divergence | seconds |"
+        )
+        printed += f"\n\n{head}\n|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(per_condition)
     for fixture, code, seconds, matrix in matrices:
         printed += f"\n\n### mutants, {fixture} (kvcanary mutants exit {code}, {seconds / 60:.1f} min)\n\n{matrix}"
     print(printed)

@@ -124,7 +124,20 @@ def test_an_engine_arm_gets_its_own_decode_margin_and_a_misnamed_condition_is_re
         for i in range(16)
     ]
     rows = _rows({"decode_prefill": _same(), "arm": moved})
-    assert judge_invariance("invariance", "kl", rows, None).details["arm.verdict"] == "fail"
+    failed = judge_invariance("invariance", "kl", rows, None)
+    assert failed.details["arm.verdict"] == "fail" and failed.details["arm.dlogprob_verdict"] == "fail"
+    # the decode numbers travel per condition, and the headline says decode, not a KL that did not move
+    assert failed.details["arm.dlogprob_excess"] == pytest.approx(2.1e-3, rel=0.05)
+    assert (
+        failed.details["arm.dlogprob_ci_low"]
+        < failed.details["arm.dlogprob_excess"]
+        < failed.details["arm.dlogprob_ci_high"]
+    )
+    assert (
+        "diverges only on the engine change between arms: decode |delta logprob| 0.00209 nats over its floor"
+        in failed.explanation
+    ), failed.explanation
+    assert failed.details["decode_prefill.dlogprob_verdict"] == "pass"
     for r in rows.values():
         r["dlogprob_tolerances"] = {"arm": 5e-3}
     judged = judge_invariance("invariance", "kl", rows, None)
