@@ -5,7 +5,7 @@ launcher, suites, scoring and store); the table printed at the end is read back 
 service's API, and each row is checked against what the gate must show. Run it through
 `scripts/gpu/gate_e2e.sh`, which sets up vLLM and kvcanary's dependencies first.
 
-    python scripts/gpu/gate_e2e.py --out OUT [--rows gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,mutants]
+    python scripts/gpu/gate_e2e.py --out OUT [--rows gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,mutants]
 
 The `mutants` group runs `kvcanary mutants --url` for each GPU fixture (its profile with the drift
 and GSM8k suites): fixed and every mutant of kernels.mutants as the arms of one run, and prints the matrix as
@@ -152,6 +152,12 @@ def rows() -> list[Row]:
             lambda r: _status(r, "passed") + _no_fail(r, first=1)),
         Row("drift-mla-aa", "aa", "drift-tiny-mla-gpu", _fresh_engines(2), "a fresh fixed engine against fixed: pass",
             lambda r: _status(r, "passed") + _no_fail(r, first=1)),
+        Row("drift-ab5", "ab5", "drift-tiny-gpu", ("--compare", "stock", *_fresh_engines(5)),
+            "five fresh fixed engines against stock: each within the margin (pass or warn, 0 fail)",
+            lambda r: _status(r, "passed") + _no_fail(r, first=1)),
+        Row("drift-mla-ab5", "ab5", "drift-tiny-mla-gpu", ("--compare", "stock", *_fresh_engines(5)),
+            "five fresh fixed engines against stock: each within the margin (pass or warn, 0 fail)",
+            lambda r: _status(r, "passed") + _no_fail(r, first=1)),
     ]  # fmt: skip
 
 
@@ -266,7 +272,7 @@ def main() -> int:
     parser.add_argument(
         "--rows",
         default="gsm8k,whisper,mla,legacy",
-        help="groups (gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,mutants) or row keys, run in this order",
+        help="groups (gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,mutants) or row keys, run in this order",
     )
     parser.add_argument("--port", type=int, default=8077)
     parser.add_argument("--mutants", default="", help="with the mutants group: only these mutants (comma list)")
