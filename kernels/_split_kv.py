@@ -117,6 +117,9 @@ def _merge_kernel(
         if MUTANT == "split_lse_merge":
             # The mutant: the last of more than one piece weighs in with its lse off by 1/16.
             lse = tl.where((block + offs_i == count - 1) & (count > 1), lse + 0.0625, lse)
+        if MUTANT == "split_lse_base2":
+            # The mutant: the last of more than one piece hands its lse in base 2 (lse * log2 e).
+            lse = tl.where((block + offs_i == count - 1) & (count > 1), lse * 1.4426950408889634, lse)
         new_max = tl.maximum(lse_max, tl.max(lse, axis=0))
         safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
         weight = tl.exp(lse - safe_max)
@@ -136,6 +139,7 @@ def _merge_kernel(
 # Both kernels put the work items on the grid's second axis (a head group's items are
 # neighbours in launch order), which CUDA caps at 65,535 programs.
 MAX_WORK_ITEMS = 65535
+MERGE_MUTANTS = ("split_lse_merge", "split_lse_base2")  # the mutants the merge carries (kernels.mutants)
 
 
 def work_items(target: int, num_seqs: int) -> int:
@@ -183,8 +187,8 @@ def merge_splits(
 
     The row is the sequence, or with ``cu_seqlens_q`` its query token (decode: one query
     per sequence). A sequence with no item gets a zero output and ``lse = -inf``.
-    ``mutant`` "split_lse_merge" merges with one piece's lse off (``kernels.mutants``); any
-    other value merges as the fixed kernels do.
+    ``mutant`` "split_lse_merge" or "split_lse_base2" merges with one piece's lse off
+    (``kernels.mutants``); any other value merges as the fixed kernels do.
     """
     if num_seqs == 0:
         return
@@ -206,6 +210,6 @@ def merge_splits(
         ITEMS_BLOCK=8,
         WRITE_LSE=lse is not None,
         ROWS_FROM_CU=cu_seqlens_q is not None,
-        MUTANT="split_lse_merge" if mutant == "split_lse_merge" else "",
+        MUTANT=mutant if mutant in MERGE_MUTANTS else "",
         num_warps=4,
     )

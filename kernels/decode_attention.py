@@ -11,8 +11,8 @@ The fix (vLLM PR #47671): every offset built from a page number is int64. With M
 (576-wide keys) and 480-token pages a page spans 276,480 elements, so page ids past 7,767
 overflow int32 and wrap negative. ``variant="legacy"`` (and the mutant ``page_offset_i32``)
 keeps the int32 offsets to prove that tests catch the wrap. The other mutants this kernel
-carries (``kernels.mutants``: batch_row_shift, split_lse_merge, softmax_scale_drift) are
-``MUTANT`` switches that the fixed variant leaves off, so its compiled code does not change.
+carries (``kernels.mutants``: batch_row_shift, split_lse_merge, split_lse_base2,
+softmax_scale_drift) are ``MUTANT`` switches that the fixed variant leaves off, so its compiled code does not change.
 """
 
 import torch

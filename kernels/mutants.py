@@ -75,6 +75,17 @@ CATALOGUE: tuple[Mutant, ...] = (
         "1,024 positions stay below the unified kernel's split threshold, so not on that fixture",
     ),
     Mutant(
+        name="split_lse_base2",
+        changes="the split-KV merge reads the log-sum-exp of a sequence's last piece in base 2 (times "
+        "log2 e), as a natural-log merge handed a base-2 log-sum-exp does",
+        condition="a sequence whose keys were cut into more than one piece (split decode)",
+        models="the log-sum-exp base mix-up of vLLM PR #52796 (FlashInfer's base-2 log-sum-exp merged "
+        "in natural log: garbled output on prefix-cache hits) and FlashInfer PR #4547",
+        kernels=(UNIFIED, DECODE),
+        path="the shared merge (kernels._split_kv), after split decode in either kernel",
+        served="as split_lse_merge: TRITON_MLA decode; not the TRITON_ATTN Llama",
+    ),
+    Mutant(
         name="window_edge_leak",
         changes="a sliding window's lower edge moves one tile earlier: the keys of the tile before the "
         "window's start are attended",

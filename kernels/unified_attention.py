@@ -12,8 +12,8 @@ applied only on the tiles that straddle a bound, so the fix costs nothing on the
 ``variant="legacy"`` (and the mutant ``tail_read``) reproduces the pre-fix reads (bound derived
 causally, block table read for the whole tile) to prove that tests and the accuracy gate catch
 the bug. The other mutants this kernel carries (``kernels.mutants``: chunk_context_skip,
-batch_row_shift, split_lse_merge, window_edge_leak, softmax_scale_drift) are ``MUTANT``
-switches that the fixed variant leaves off, so its compiled code does not change.
+batch_row_shift, split_lse_merge, split_lse_base2, window_edge_leak, softmax_scale_drift)
+are ``MUTANT`` switches that the fixed variant leaves off, so its compiled code does not change.
 """
 
 import torch

@@ -26,7 +26,7 @@ from pydantic_core import CoreSchema
 
 from evals import suites as suite_registry
 from evals.suites.base import SuiteConfig
-from kernels.mutants import VARIANTS
+from kernels.mutants import MUTANTS, VARIANTS
 from service.scheduling.cron import validate as validate_cron
 from service.text import storable
 
@@ -39,6 +39,8 @@ Canary = Literal["nan_kv_tail", "high_block_ids"]
 Expectation = Literal["pass", "fail"]
 ARM_NAME_PATTERN = r"^[a-z0-9_]+(,[a-z_]+=[a-z0-9_]+)*$"
 ARM_NAME_MAX = 200  # what the arm columns of samples and results hold
+# A run's arms: a control and every catalogued mutant fit in one (a mutation batch), and one more.
+MAX_ARMS = len(MUTANTS) + 2
 
 
 class ProfileError(ValueError):
@@ -207,7 +209,7 @@ class Profile(Strict):
     schedule: ScheduleSpec | None = None
     max_attempts: int = Field(3, ge=1, le=10)
     compare: list[ArmSpec] | None = Field(
-        None, min_length=2, max_length=8, description="Default arms of a run that names none; control first"
+        None, min_length=2, max_length=MAX_ARMS, description="Default arms of a run that names none; control first"
     )
     expect: dict[str, Expectation] | None = Field(None, description="What each arm of a default run must do")
 

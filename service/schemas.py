@@ -15,7 +15,7 @@ from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field,
 
 from service.arms import describe_outcome
 from service.profile_snapshot import digest
-from service.profiles import NAME_PATTERN, ArmSpec, Expectation, Profile, RunOverrides
+from service.profiles import MAX_ARMS, NAME_PATTERN, ArmSpec, Expectation, Profile, RunOverrides
 from service.text import storable, text_problem
 
 if TYPE_CHECKING:  # the client parses these documents without the server's database layer
@@ -90,7 +90,7 @@ class RunCreate(BaseModel):
     compare: list[ArmSpec] | None = Field(
         None,
         min_length=2,
-        max_length=8,
+        max_length=MAX_ARMS,
         description="Arms on the same prompts, control first: each a variant name, an arm name "
         "(`fixed,max_num_batched_tokens=64`) or {variant, engine}; replaces the profile's own arms",
     )

@@ -116,6 +116,11 @@ PROBES: dict[str, tuple[Probe, Probe]] = {
         Decode([130, 9], config=SPLIT, same=(1,)),
         Decode([20, 9], config=LaunchConfig(num_splits=2)),
     ),
+    # The same condition; the base mix-up moves the last piece's weight by several nats.
+    "split_lse_base2": (
+        Decode([130, 9], config=SPLIT, same=(1,)),
+        Decode([20, 9], config=LaunchConfig(num_splits=2)),
+    ),
     # A 9-key window over 30 and 41 keys, beside a sequence shorter than the window;
     # elsewhere the same batch without a window.
     "window_edge_leak": (Unified([5, 1, 4], [30, 41, 6], window_left=8, same=(2,)), Unified([5, 1, 4], [30, 41, 6])),
@@ -136,6 +141,7 @@ PROBES: dict[str, tuple[Probe, Probe]] = {
 OTHER_KERNEL: dict[str, Probe] = {
     "batch_row_shift": Unified([3, 1], [20, 37], same=(0,)),
     "split_lse_merge": Unified([1, 1], [130, 9], config=SPLIT, same=(1,)),
+    "split_lse_base2": Unified([1, 1], [130, 9], config=SPLIT, same=(1,)),
     "softmax_scale_drift": Decode([40]),
 }
 
@@ -213,7 +219,8 @@ def test_one_list_for_kernels_plugin_profiles_and_docs() -> None:
     docs = (Path(__file__).parents[2] / "docs" / "mutants.md").read_text()
     assert mutants.catalogue_table() in docs, "docs/mutants.md: paste kernels.mutants.catalogue_table() again"
     assert [name for name in mutants.MUTANTS if mutants.in_kernel(name, mutants.UNIFIED)] == [
-        "chunk_context_skip", "batch_row_shift", "split_lse_merge", "window_edge_leak", "softmax_scale_drift",
+        "chunk_context_skip", "batch_row_shift", "split_lse_merge", "split_lse_base2", "window_edge_leak",
+        "softmax_scale_drift",
     ]  # fmt: skip
     assert mutants.has("legacy", "tail_read") and mutants.has("legacy", "page_offset_i32")
     assert not mutants.has("legacy", "batch_row_shift") and mutants.in_kernel("legacy", mutants.DECODE) == ""

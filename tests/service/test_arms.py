@@ -21,6 +21,7 @@ import yaml
 from pydantic import ValidationError
 from sqlalchemy import MetaData, Table, create_engine
 
+from kernels.mutants import MUTANTS
 from service.arms import ArmError, describe_outcome, parse_compare, parse_expect, plan, run_arms
 from service.auth import Role
 from service.cli.common import exit_code
@@ -28,9 +29,9 @@ from service.db.migrate import upgrade
 from service.db.models import Run, SuiteResult
 from service.db.session import session_scope
 from service.engine.launcher import build_argv
-from service.profiles import ArmSpec, Profile, ProfileError, RunOverrides, load_profile
+from service.profiles import MAX_ARMS, ArmSpec, Profile, ProfileError, RunOverrides, load_profile
 from service.report import write_junit
-from service.schemas import RunDetail
+from service.schemas import RunCreate, RunDetail
 from service.settings import PACKAGED_PROFILES
 from tests.service.conftest import LiveService, bearer
 
@@ -307,6 +308,17 @@ def test_the_api_refuses_arms_and_expectations_it_cannot_run_with_the_reason(
     assert response.status_code == 422 and reason in response.text, response.text
 
 
+def test_one_run_holds_fixed_and_the_whole_mutant_catalogue_and_no_more_than_its_cap() -> None:
+    """`kvcanary mutants` queues fixed and every catalogued mutant as one run's arms."""
+    whole = ["fixed", *MUTANTS]
+    assert len(whole) < MAX_ARMS
+    assert RunCreate.model_validate({"profile": "gsm8k-tiny-cpu", "compare": whole}).compare is not None
+    Profile.model_validate({**load_profile(PACKAGED_PROFILES / "gsm8k-tiny-cpu.yaml").model_dump(), "compare": whole})
+    too_many = [*whole, *(f"fixed,max_num_batched_tokens={64 + i}" for i in range(MAX_ARMS + 1 - len(whole)))]
+    with pytest.raises(ValidationError, match=f"at most {MAX_ARMS} items"):
+        RunCreate.model_validate({"profile": "gsm8k-tiny-cpu", "compare": too_many})
+
+
 def test_an_idempotency_key_matches_the_same_arms_in_either_form_and_refuses_others(service: LiveService) -> None:
     first = post(service, {"profile": "gsm8k-tiny-cpu", "compare": ["stock", "fixed"]}, key="build-1")
     again = post(service, {"profile": "gsm8k-tiny-cpu", "compare": [{"variant": "stock"}, "fixed"]}, key="build-1")
@@ -331,7 +343,6 @@ def test_submit_sends_the_cli_spelling_of_arms_and_expectations(service: LiveSer
     bad = subprocess.run([*argv[:8], "--compare", "fixed,kv_cache_dtype=fp8,fixed"], env=env, capture_output=True,
                          text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "kv_cache_dtype=fp8" in bad.stdout + bad.stderr
-
 
 
 def test_stored_runs_keep_their_variants_as_plain_arms(empty_database: str) -> None:
