@@ -206,7 +206,7 @@ class ConditionResult:
         text += f", {self.violations} outside the close rule (floor {self.floor_violations})"
         excess, low, high = self.decode
         if excess is not None and low is not None and high is not None:
-            text += f", decode |delta logprob| {excess:.3g} nats over the floor ({low:.3g}-{high:.3g})"
+            text += f", decode |delta logprob| {excess:.3g} nats over the floor (90% CI {low:.3g}-{high:.3g})"
         if self.nonfinite:
             text += f", {self.nonfinite} with non-finite logprobs"
         return text + "".join(f"; {note}" for note in self.notes)

@@ -329,7 +329,7 @@ def main() -> int:
     per_condition = [line for _row, run, _s, _p in results for line in conditions(run)]
     if per_condition:
         head = (
-            "| run | arm | condition | verdict | prompts | mean KL [90% CI] | floor "
+            "| run | arm | condition | verdict | prompts | mean KL [95% CI] | floor "
             "| decode |Δ logprob| over the floor [90% CI] | first divergence | seconds |"
         )
         printed += f"\n\n{head}\n|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(per_condition)
