@@ -170,10 +170,12 @@ class ConditionResult:
     first: str | None  # the earliest first divergence, in words, with its prompt
     firsts: list[str]
     notes: list[str]
-    # The decode path's |delta logprob| excess over the floor with its interval, and its verdict:
-    # a condition can fail on decode logprobs alone, where no KL and no argmax moved.
+    # The drift rule's prefill-KL and decode paths: the decode |delta logprob| excess over the
+    # floor with its interval (None below the prompts an interval needs) and each path's verdict,
+    # because a condition can fail on decode logprobs alone, where no KL and no argmax moved.
     decode: tuple[float | None, float | None, float | None]
-    decode_verdict: str
+    decode_verdict: str | None
+    kl_verdict: str | None
 
     def headline(self) -> str:
         label = CONDITIONS[self.name].label if self.name in CONDITIONS else self.name
@@ -182,7 +184,7 @@ class ConditionResult:
         if self.divergent:
             return f"{label}: {self.divergent} of {self.compared} prompts, first at {self.first}"
         excess, _low, high = self.decode
-        if self.decode_verdict == "fail" and excess is not None and high is not None:
+        if self.decode_verdict == "fail" and self.kl_verdict != "fail" and excess is not None and high is not None:
             return f"{label}: decode |delta logprob| {excess:.3g} nats over its floor, to {high:.3g}; no argmax moved"
         return f"{label}: mean KL {self.mean_kl:.3g} nats over its floor's {self.floor_kl:.3g}, no argmax changed"
 
@@ -205,8 +207,13 @@ class ConditionResult:
             text += f" (first divergent positions {', '.join(self.firsts[:4])})"
         text += f", {self.violations} outside the close rule (floor {self.floor_violations})"
         excess, low, high = self.decode
-        if excess is not None and low is not None and high is not None:
-            text += f", decode |delta logprob| {excess:.3g} nats over the floor (90% CI {low:.3g}-{high:.3g})"
+        if excess is not None:
+            interval = (
+                f"90% CI {low:.3g}-{high:.3g}"
+                if low is not None and high is not None
+                else "too few prompts for an interval"
+            )
+            text += f", decode |delta logprob| {excess:.3g} nats over the floor ({interval})"
         if self.nonfinite:
             text += f", {self.nonfinite} with non-finite logprobs"
         return text + "".join(f"; {note}" for note in self.notes)
@@ -214,6 +221,10 @@ class ConditionResult:
 
 def _number(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) else None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _condition(
@@ -256,7 +267,8 @@ def _condition(
         notes=notes,
         decode=(_number(judged.details.get("dlogprob_excess")), _number(judged.details.get("dlogprob_ci_low")),
                 _number(judged.details.get("dlogprob_ci_high"))),
-        decode_verdict=str(judged.details.get("dlogprob_verdict")),
+        decode_verdict=_text(judged.details.get("dlogprob_verdict")),
+        kl_verdict=_text(judged.details.get("kl_verdict")),
     )  # fmt: skip
 
 

@@ -330,7 +330,7 @@ def main() -> int:
     if per_condition:
         head = (
             "| run | arm | condition | verdict | prompts | mean KL [95% CI] | floor "
-            "| decode |Δ logprob| over the floor [90% CI] | first divergence | seconds |"
+            "| decode \\|Δ logprob\\| over the floor [90% CI] | first divergence | seconds |"
         )
         printed += f"\n\n{head}\n|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(per_condition)
     for fixture, code, seconds, matrix in matrices:

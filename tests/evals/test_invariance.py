@@ -138,6 +138,17 @@ def test_an_engine_arm_gets_its_own_decode_margin_and_a_misnamed_condition_is_re
         in failed.explanation
     ), failed.explanation
     assert failed.details["decode_prefill.dlogprob_verdict"] == "pass"
+    # when the KL fails too, the headline keeps the KL (the larger sense), not the decode number
+    both = [
+        row((PromptDrift(None, True, 2e-3 + 1e-4 * (i % 3), 5e-2 + 1e-4 * (i % 2), 6e-2, 1.0, 0.0, True), 20),
+            (_drift(), 20))
+        for i in range(16)
+    ]  # fmt: skip
+    judged_both = judge_invariance("invariance", "kl", _rows({"decode_prefill": _same(), "arm": both}), None)
+    assert judged_both.details["arm.dlogprob_verdict"] == "fail" and judged_both.verdict == "fail"
+    assert "the engine change between arms: mean KL 0.0501 nats over its floor's 0" in judged_both.explanation, (
+        judged_both.explanation
+    )
     for r in rows.values():
         r["dlogprob_tolerances"] = {"arm": 5e-3}
     judged = judge_invariance("invariance", "kl", rows, None)
