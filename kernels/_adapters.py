@@ -41,8 +41,10 @@ def make_adapter(
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in kernel_params.values())
     accepted = set(kernel_params) - {"variant"}
     if "variant" not in kernel_params and not takes_any:
-        raise TypeError(f"kvcanary kernel {kernel.__module__}.{kernel.__qualname__} takes no `variant` "
-                        "keyword; kernels/__init__.py must export the variant-selecting entry points")
+        raise TypeError(
+            f"kvcanary kernel {kernel.__module__}.{kernel.__qualname__} takes no `variant` "
+            "keyword; kernels/__init__.py must export the variant-selecting entry points"
+        )
     seen_call = False
 
     @functools.wraps(original)

@@ -48,21 +48,30 @@ def requested_path(env: Mapping[str, str]) -> str | None:
     if value not in CPU_PATHS:
         raise ValueError(f"{CPU_PATH_ENV}={value!r}; expected one of {', '.join(CPU_PATHS)} or unset")
     if env.get("TRITON_INTERPRET", "") != "1":
-        raise ValueError(f"{CPU_PATH_ENV}={value} runs the kernels in Triton's interpreter, which needs "
-                         "TRITON_INTERPRET=1 in the engine's environment (the launcher sets both)")
+        raise ValueError(
+            f"{CPU_PATH_ENV}={value} runs the kernels in Triton's interpreter, which needs "
+            "TRITON_INTERPRET=1 in the engine's environment (the launcher sets both)"
+        )
     return value
 
 
 def write_kv(
-    key: Any, value: Any, key_cache: Any, value_cache: Any, slot_mapping: Any, kv_cache_dtype: str,
-    k_scale: Any, v_scale: Any,
+    key: Any,
+    value: Any,
+    key_cache: Any,
+    value_cache: Any,
+    slot_mapping: Any,
+    kv_cache_dtype: str,
+    k_scale: Any,
+    v_scale: Any,
 ) -> None:
     """`triton_reshape_and_cache_flash` in torch: token i's K/V go to slot ``slot_mapping[i]``
     (block ``slot // block_size``, position ``slot % block_size``); negative slots are padding."""
     if kv_cache_dtype != "auto" or key_cache.dim() != 4:
         raise NotImplementedError(
             f"kvcanary's CPU interpreter path writes unquantized [blocks, block_size, heads, head_size] "
-            f"KV caches only (kv_cache_dtype={kv_cache_dtype!r}, {key_cache.dim()}D cache)")
+            f"KV caches only (kv_cache_dtype={kv_cache_dtype!r}, {key_cache.dim()}D cache)"
+        )
     import torch
 
     slots = slot_mapping.to(torch.int64)
@@ -75,16 +84,28 @@ def write_kv(
 
 
 def encoder_attention(
-    q: Any, k: Any, v: Any, o: Any, b_start_loc: Any, b_seq_len: Any, max_input_len: int, is_causal: bool = True,
-    softmax_scale: float | None = None, sliding_window_q: int | None = None, sliding_window_k: int | None = None,
-    sinks: Any = None, sinks_bias_key0: bool = False,
+    q: Any,
+    k: Any,
+    v: Any,
+    o: Any,
+    b_start_loc: Any,
+    b_seq_len: Any,
+    max_input_len: int,
+    is_causal: bool = True,
+    softmax_scale: float | None = None,
+    sliding_window_q: int | None = None,
+    sliding_window_k: int | None = None,
+    sinks: Any = None,
+    sinks_bias_key0: bool = False,
 ) -> None:
     """`context_attention_fwd` (encoder self-attention over the step's own Q/K/V, no KV cache)
     in torch's scaled_dot_product_attention, sequence by sequence."""
     windowed = any(w not in (None, -1) for w in (sliding_window_q, sliding_window_k))
     if sinks is not None or windowed:
-        raise NotImplementedError("kvcanary's CPU interpreter path runs encoder self-attention without sliding "
-                                  "windows or sinks only; serve this model without kernels.cpu_path")
+        raise NotImplementedError(
+            "kvcanary's CPU interpreter path runs encoder self-attention without sliding "
+            "windows or sinks only; serve this model without kernels.cpu_path"
+        )
     import torch
 
     group = q.shape[1] // k.shape[1]
@@ -93,7 +114,8 @@ def encoder_attention(
         keys = k[rows].repeat_interleave(group, dim=1).transpose(0, 1)
         values = v[rows].repeat_interleave(group, dim=1).transpose(0, 1)
         out = torch.nn.functional.scaled_dot_product_attention(
-            q[rows].transpose(0, 1), keys, values, is_causal=is_causal, scale=softmax_scale)
+            q[rows].transpose(0, 1), keys, values, is_causal=is_causal, scale=softmax_scale
+        )
         o[rows] = out.transpose(0, 1).to(o.dtype)
 
 
@@ -128,16 +150,19 @@ class CpuTritonPath:
             return
         path = self
 
-        def get_attn_backend_cls(cls: type, selected_backend: Any, attn_selector_config: Any,
-                                 num_heads: int | None = None) -> str:
+        def get_attn_backend_cls(
+            cls: type, selected_backend: Any, attn_selector_config: Any, num_heads: int | None = None
+        ) -> str:
             if attn_selector_config.use_mla or attn_selector_config.use_sparse:
                 chosen: str = original(selected_backend, attn_selector_config, num_heads)
                 path.note_selected(chosen, "MLA and sparse attention keep the CPU platform's backend")
                 return chosen
             name = getattr(selected_backend, "name", None)
             if name not in (None, TRITON_ATTN):
-                raise ValueError(f"kernels.cpu_path {path.path} serves attention through {TRITON_ATTN}; the "
-                                 f"profile asks for attention_backend {name}: drop one of them")
+                raise ValueError(
+                    f"kernels.cpu_path {path.path} serves attention through {TRITON_ATTN}; the "
+                    f"profile asks for attention_backend {name}: drop one of them"
+                )
             from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
             chosen = AttentionBackendEnum.TRITON_ATTN.get_path()
@@ -151,13 +176,18 @@ class CpuTritonPath:
     def _patch_backend_module(self, module: ModuleType) -> None:
         for name, replacement, what in (
             (_KV_WRITE, write_kv, "kernels._cpu_triton.write_kv (the KV-cache write, in torch)"),
-            (_ENCODER_ATTENTION, encoder_attention,
-             "kernels._cpu_triton.encoder_attention (encoder self-attention, in torch's SDPA)"),
+            (
+                _ENCODER_ATTENTION,
+                encoder_attention,
+                "kernels._cpu_triton.encoder_attention (encoder self-attention, in torch's SDPA)",
+            ),
         ):
             current = getattr(module, name, None)
             if current is None:
-                raise RuntimeError(f"kernels.cpu_path {self.path}: {_BACKENDS} has no {name} in this vLLM, so "
-                                   "the path cannot replace it; serve without kernels.cpu_path")
+                raise RuntimeError(
+                    f"kernels.cpu_path {self.path}: {_BACKENDS} has no {name} in this vLLM, so "
+                    "the path cannot replace it; serve without kernels.cpu_path"
+                )
             if current is not replacement:
                 setattr(module, name, replacement)
             self.replaced[f"{_BACKENDS}.{name}"] = what
@@ -168,5 +198,10 @@ class CpuTritonPath:
         self.on_change()
 
     def describe(self) -> dict[str, Any]:
-        return {"requested": self.path, "status": self.status, "selected": self.selected,
-                "replaced": self.replaced, "triton_interpret": os.environ.get("TRITON_INTERPRET")}
+        return {
+            "requested": self.path,
+            "status": self.status,
+            "selected": self.selected,
+            "replaced": self.replaced,
+            "triton_interpret": os.environ.get("TRITON_INTERPRET"),
+        }

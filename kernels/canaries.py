@@ -77,15 +77,15 @@ class KVPoisoner:
 
         for tensor in self._tensors:
             per_block = tensor.shape[0] // self._num_blocks
-            index = torch.tensor([b * per_block + i for b in ids for i in range(per_block)],
-                                 dtype=torch.long).to(tensor.device, non_blocking=True)
+            index = torch.tensor([b * per_block + i for b in ids for i in range(per_block)], dtype=torch.long).to(
+                tensor.device, non_blocking=True
+            )
             tensor.index_fill_(0, index, float("nan"))
         return len(ids)
 
     def reuse_layout_ok(self) -> bool:
         """Reissued-block fills need block-major caches whose first dim is a multiple of the pool."""
-        return self.attached and all(self._num_blocks and t.shape[0] % self._num_blocks == 0
-                                     for t in self._tensors)
+        return self.attached and all(self._num_blocks and t.shape[0] % self._num_blocks == 0 for t in self._tensors)
 
 
 def attention_kv_caches(runner: Any) -> tuple[list[Any], list[str]]:
@@ -140,5 +140,8 @@ def reverse_free_order(block_pool: Any) -> dict[str, Any]:
     for block in free:
         block.prev_free_block = block.next_free_block = None
     block_pool.free_block_queue = type(queue)(free)
-    return {"num_blocks": len(block_pool.blocks), "first_handed_out": free[0].block_id if free else None,
-            "null_block": null_block.block_id}
+    return {
+        "num_blocks": len(block_pool.blocks),
+        "first_handed_out": free[0].block_id if free else None,
+        "null_block": null_block.block_id,
+    }

@@ -48,8 +48,10 @@ def read_receipts(directory: Path) -> list[dict[str, Any]]:
         try:
             receipt = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
-            raise ValueError(f"injection receipt {path} is not valid JSON ({exc}); it was not written "
-                             "by kernels.receipt.write_receipt: remove it and rerun") from exc
+            raise ValueError(
+                f"injection receipt {path} is not valid JSON ({exc}); it was not written "
+                "by kernels.receipt.write_receipt: remove it and rerun"
+            ) from exc
         if not isinstance(receipt, dict):
             raise ValueError(f"injection receipt {path} holds a {type(receipt).__name__}, not an object")
         receipts.append(receipt)

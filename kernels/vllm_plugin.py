@@ -85,8 +85,13 @@ class PluginConfig:
         if allow not in ("0", "1", ""):
             raise ValueError(f"KVCANARY_ALLOW_UNVERIFIED_VLLM={allow!r}; expected 1 or 0")
         receipt_dir = env.get("KVCANARY_RECEIPT_DIR", "").strip()
-        return cls(variant, parse_canaries(env.get("KVCANARY_CANARIES", "")),
-                   Path(receipt_dir) if receipt_dir else None, allow == "1", requested_path(env))
+        return cls(
+            variant,
+            parse_canaries(env.get("KVCANARY_CANARIES", "")),
+            Path(receipt_dir) if receipt_dir else None,
+            allow == "1",
+            requested_path(env),
+        )
 
 
 def process_role() -> str:
@@ -161,8 +166,11 @@ class _Plugin:
         if self.cpu_path is not None:
             self.cpu_path.start(self.platform)
         for target in TARGETS:
-            self.rebound[target.name] = {"status": "pending: module not imported in this process",
-                                         "backends": list(target.backends), "covers": target.covers}
+            self.rebound[target.name] = {
+                "status": "pending: module not imported in this process",
+                "backends": list(target.backends),
+                "covers": target.covers,
+            }
             _import_hooks.when_imported(target.module, functools.partial(self._on_backend_module, target))
         for module in RUNNER_MODULES:
             _import_hooks.when_imported(module, self._patch_runner)
@@ -195,9 +203,11 @@ class _Plugin:
         expected = release.signatures.get(target.attribute) if release else None
         problem = signature_mismatch(expected, actual) if expected else "matches no verified release"
         if problem:
-            message = (f"vLLM {self.version}: {target.name} ({_qualname(original)}) has the signature "
-                       f"({', '.join(actual)}): {problem} (built for the {release.line if release else 'verified'}"
-                       f" releases)")
+            message = (
+                f"vLLM {self.version}: {target.name} ({_qualname(original)}) has the signature "
+                f"({', '.join(actual)}): {problem} (built for the {release.line if release else 'verified'}"
+                f" releases)"
+            )
             if not self.config.allow_unverified:
                 raise UnsupportedVLLMError(f"{message}; {ALLOW_HINT}")
             entry.update(status=f"skipped: {message}", current=_qualname(original))
@@ -208,12 +218,16 @@ class _Plugin:
             kernel = kernels.kernel(str(target.kernel))
         except KeyError as exc:
             raise RuntimeError(f"{exc.args[0]}: the plugin cannot inject it") from exc
-        adapter = make_adapter(target.name, original, kernel, self.config.variant,
-                               functools.partial(self._observed, target.name))
+        adapter = make_adapter(
+            target.name, original, kernel, self.config.variant, functools.partial(self._observed, target.name)
+        )
         setattr(module, target.attribute, adapter)
-        entry.update(status="rebound", signature_of=release.line if release else None,
-                     to=f"{kernel.__module__}.{kernel.__qualname__} (variant={self.config.variant})",
-                     **{"from": _qualname(original)})
+        entry.update(
+            status="rebound",
+            signature_of=release.line if release else None,
+            to=f"{kernel.__module__}.{kernel.__qualname__} (variant={self.config.variant})",
+            **{"from": _qualname(original)},
+        )
 
     # -- model runner, worker and block pool hooks ---------------------------------------------
 
@@ -244,8 +258,12 @@ class _Plugin:
             if NAN_KV_TAIL in self.config.canaries:
                 self.poisoner.attach(runner)
                 elements = self.poisoner.fill_all()
-                self.canaries[NAN_KV_TAIL] = {"status": "applied", "elements_filled": elements, "after_warm_up": False,
-                                              "reissued_blocks": "not reachable yet: no block pool in this process"}
+                self.canaries[NAN_KV_TAIL] = {
+                    "status": "applied",
+                    "elements_filled": elements,
+                    "after_warm_up": False,
+                    "reissued_blocks": "not reachable yet: no block pool in this process",
+                }
         self.write()
 
     def _after_warm_up(self, worker: Any) -> None:
@@ -268,13 +286,14 @@ class _Plugin:
             if NAN_KV_TAIL in self.config.canaries:
                 entry = self.canaries.setdefault(NAN_KV_TAIL, {"status": "requested"})
                 if self.poisoner.reuse_layout_ok():
-                    _wrap_once(type(pool), "get_new_blocks", self._after_get_new_blocks, after=True,
-                               pass_result=True)
+                    _wrap_once(type(pool), "get_new_blocks", self._after_get_new_blocks, after=True, pass_result=True)
                     entry["reissued_blocks"] = "poisoned before the step that reuses them"
                 else:
-                    entry["reissued_blocks"] = ("not reachable: the model runs in another process"
-                                                if not self.poisoner.attached else
-                                                "not reachable: KV cache is not block-major")
+                    entry["reissued_blocks"] = (
+                        "not reachable: the model runs in another process"
+                        if not self.poisoner.attached
+                        else "not reachable: KV cache is not block-major"
+                    )
         self.write()
 
     def _after_get_new_blocks(self, pool: Any, blocks: list[Any]) -> None:
@@ -300,7 +319,8 @@ class _Plugin:
         missing = [b for b in self.backends if b not in routes]
         if not missing:
             return True, "on the execution path: " + "; ".join(
-                f"{b} calls {routes[b]} ({self.rebound[routes[b]]['covers']})" for b in self.backends)
+                f"{b} calls {routes[b]} ({self.rebound[routes[b]]['covers']})" for b in self.backends
+            )
         if len(missing) < len(self.backends):
             return None, f"partly on the execution path: {', '.join(missing)} call none of the rebound names"
         return False, f"{NOT_ON_PATH}: {', '.join(missing)} call none of the rebound names"
@@ -308,14 +328,26 @@ class _Plugin:
     def receipt(self) -> dict[str, Any]:
         on_path, path = self.execution_path()
         return {
-            "schema": 1, "pid": self.pid, "ppid": os.getppid(), "inherited_from": self.inherited_from,
-            "role": process_role(), "process_name": multiprocessing.current_process().name,
-            "runs_model": self.runs_model, "vllm_version": self.version, "platform": self.platform,
-            "device": self.device, "verified_release": self.release.line if self.release else None,
-            "allow_unverified_vllm": self.config.allow_unverified, "variant": self.config.variant,
+            "schema": 1,
+            "pid": self.pid,
+            "ppid": os.getppid(),
+            "inherited_from": self.inherited_from,
+            "role": process_role(),
+            "process_name": multiprocessing.current_process().name,
+            "runs_model": self.runs_model,
+            "vllm_version": self.version,
+            "platform": self.platform,
+            "device": self.device,
+            "verified_release": self.release.line if self.release else None,
+            "allow_unverified_vllm": self.config.allow_unverified,
+            "variant": self.config.variant,
             "canaries": {"requested": list(self.config.canaries), "applied": self.canaries},
-            "rebound": self.rebound, "attention_backends": self.backends, "kv_cache": self.kv_cache,
-            "on_execution_path": on_path, "execution_path": path, "updated_at": time.time(),
+            "rebound": self.rebound,
+            "attention_backends": self.backends,
+            "kv_cache": self.kv_cache,
+            "on_execution_path": on_path,
+            "execution_path": path,
+            "updated_at": time.time(),
             "cpu_path": self.cpu_path.describe() if self.cpu_path else None,
         }
 
@@ -374,5 +406,9 @@ def register() -> None:
         plugin.start()
         _plugin = plugin
         os.register_at_fork(after_in_child=_after_fork_in_child)
-        logger.info("kvcanary: variant %s, canaries %s, receipt %s", config.variant,
-                    ",".join(config.canaries) or "none", config.receipt_dir)
+        logger.info(
+            "kvcanary: variant %s, canaries %s, receipt %s",
+            config.variant,
+            ",".join(config.canaries) or "none",
+            config.receipt_dir,
+        )

@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
 ruff check .
+ruff format --check .
 mypy service evals kernels
 if [ -z "${KVCANARY_TEST_POSTGRES_URL:-}" ]; then
   eval "$(bash scripts/start_postgres.sh)"

@@ -44,9 +44,7 @@ def create_token(session: Session, name: str, role: Role, expires_at: datetime |
     expired on creation is refused rather than made useless in silence.
     """
     if expires_at is not None and expires_at <= utcnow():
-        raise TokenRefused(
-            f"expiry {expires_at:%Y-%m-%d %H:%M} UTC has already passed; give a time in the future"
-        )
+        raise TokenRefused(f"expiry {expires_at:%Y-%m-%d %H:%M} UTC has already passed; give a time in the future")
     holder = session.scalar(select(ApiToken).where(ApiToken.name == name))
     if holder is not None:
         raise _name_taken(holder)

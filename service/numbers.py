@@ -27,4 +27,3 @@ def format_number(value: float | None, digits: int = DECIMALS, missing: str = "-
 def format_signed(value: float, digits: int = DECIMALS) -> str:
     """A change, with its sign: `+0.0125`, `-3.1e-05`, `0.0000`."""
     return ("+" if value > 0 else "") + format_number(value, digits)
-

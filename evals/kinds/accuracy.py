@@ -120,7 +120,10 @@ def _diff(a: Samples, b: Samples, metrics: Sequence[str], top: int) -> list[Accu
 def _changes(section: list[AccuracyDiff]) -> list[Change]:
     return [
         Change(
-            d.metric, d.matched, len(d.right_to_wrong), len(d.wrong_to_right),
+            d.metric,
+            d.matched,
+            len(d.right_to_wrong),
+            len(d.wrong_to_right),
             f"{len(d.right_to_wrong)} right→wrong, {len(d.wrong_to_right)} wrong→right of {d.matched} items",
         )
         for d in section

@@ -115,8 +115,7 @@ def _pair(
         p_value=p,
         mde=sum(_z_alpha_power(alpha, POWER)) * float(deltas.std(ddof=1)),
         summary=(
-            f"change {delta:+.4f} ({1 - alpha:.0%} CI {low:+.4f} to {high:+.4f}), paired bootstrap over "
-            f"items p={p:.2g}"
+            f"change {delta:+.4f} ({1 - alpha:.0%} CI {low:+.4f} to {high:+.4f}), paired bootstrap over items p={p:.2g}"
         ),
         details={"change": delta, "change_ci_low": low, "change_ci_high": high},
     )
@@ -145,8 +144,7 @@ def _diff(a: Samples, b: Samples, metrics: Sequence[str], top: int) -> list[Corp
 
 def _changes(section: list[CorpusDiff]) -> list[Change]:
     return [
-        Change(d.metric, d.matched, 0, 0, f"{d.value_a:.4f} → {d.value_b:.4f} over {d.matched} items")
-        for d in section
+        Change(d.metric, d.matched, 0, 0, f"{d.value_a:.4f} → {d.value_b:.4f} over {d.matched} items") for d in section
     ]
 
 

@@ -23,8 +23,15 @@ NON_FINITE_SEVERITY = 1e30
 
 def _scores(samples: Samples, metric: str) -> dict[str, Any]:
     """key -> the prompt's condition rows, as `judge_invariance` reads them."""
-    keep = ("conditions", "prompt_len", "kl_tolerance", "tolerances", "dlogprob_tolerance", "dlogprob_tolerances",
-            "seconds")
+    keep = (
+        "conditions",
+        "prompt_len",
+        "kl_tolerance",
+        "tolerances",
+        "dlogprob_tolerance",
+        "dlogprob_tolerances",
+        "seconds",
+    )
     return {key: {k: s.data.get(k) for k in keep} for key, s in samples.items() if "conditions" in s.data}
 
 

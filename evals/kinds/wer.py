@@ -180,8 +180,13 @@ def diff_wer(a: Samples, b: Samples, top: int = 50) -> WerDiff:
 
     changes = [
         WerChange(
-            key=key, target=b[key].target, hypothesis_a=a[key].response, hypothesis_b=b[key].response,
-            errors_a=counts_a[key][0], errors_b=counts_b[key][0], words=counts_b[key][1],
+            key=key,
+            target=b[key].target,
+            hypothesis_a=a[key].response,
+            hypothesis_b=b[key].response,
+            errors_a=counts_a[key][0],
+            errors_b=counts_b[key][0],
+            words=counts_b[key][1],
         )
         for key in sorted(changed, key=order)[:top]
     ]

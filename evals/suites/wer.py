@@ -157,7 +157,9 @@ def score(utterance: Utterance, hypothesis: str, error: str | None = None) -> Sa
     ref_norm, hyp_norm = normalize(utterance.reference), normalize(hypothesis)
     counts = jiwer.process_words(ref_norm, hyp_norm)
     found = kind.WordCounts(
-        substitutions=counts.substitutions, deletions=counts.deletions, insertions=counts.insertions,
+        substitutions=counts.substitutions,
+        deletions=counts.deletions,
+        insertions=counts.insertions,
         ref_words=len(ref_norm.split()),
     )
     return Sample(

@@ -40,9 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels.receipt import read_receipts  # noqa: E402
 
 HIGH = "high_block_ids"
-PROMPTS = ["Question: Tom has 3 apples and buys 4 more. How many apples does he have?\nAnswer:",
-           "Question: A box holds 12 pens. How many pens are in 5 boxes?\nAnswer:",
-           "The capital of the land of", "Once upon a time"]
+PROMPTS = [
+    "Question: Tom has 3 apples and buys 4 more. How many apples does he have?\nAnswer:",
+    "Question: A box holds 12 pens. How many pens are in 5 boxes?\nAnswer:",
+    "The capital of the land of",
+    "Once upon a time",
+]
 
 
 @dataclass(frozen=True)
@@ -73,12 +76,21 @@ def serve(run: Run, model_dir: Path, result_path: Path) -> None:
     """Child process: start an offline engine, generate greedily, write tokens and logprobs."""
     from vllm import LLM, SamplingParams
 
-    kwargs: dict[str, Any] = {"model": str(model_dir), "enforce_eager": True, "seed": 0,
-                              "kv_cache_memory_bytes": run.kv_bytes, "gpu_memory_utilization": 0.05,
-                              "max_num_seqs": 8}
+    kwargs: dict[str, Any] = {
+        "model": str(model_dir),
+        "enforce_eager": True,
+        "seed": 0,
+        "kv_cache_memory_bytes": run.kv_bytes,
+        "gpu_memory_utilization": 0.05,
+        "max_num_seqs": 8,
+    }
     if run.model == "whisper":
-        kwargs |= {"attention_backend": "TRITON_ATTN", "mm_encoder_attn_backend": "TORCH_SDPA",
-                   "max_model_len": 448, "limit_mm_per_prompt": {"audio": 1}}
+        kwargs |= {
+            "attention_backend": "TRITON_ATTN",
+            "mm_encoder_attn_backend": "TORCH_SDPA",
+            "max_model_len": 448,
+            "limit_mm_per_prompt": {"audio": 1},
+        }
     elif run.model == "mla":
         kwargs |= {"attention_backend": "TRITON_MLA", "max_model_len": 1024}
     else:
@@ -93,8 +105,13 @@ def serve(run: Run, model_dir: Path, result_path: Path) -> None:
 
         t = np.arange(3 * 16_000) / 16_000
         audios = [(0.3 * np.sin(2 * np.pi * f * t) * np.exp(-t)).astype(np.float32) for f in (220, 440, 880)]
-        prompts = [{"encoder_prompt": {"prompt": "", "multi_modal_data": {"audio": (a, 16_000)}},
-                    "decoder_prompt": "<|startoftranscript|><|notimestamps|>"} for a in audios]
+        prompts = [
+            {
+                "encoder_prompt": {"prompt": "", "multi_modal_data": {"audio": (a, 16_000)}},
+                "decoder_prompt": "<|startoftranscript|><|notimestamps|>",
+            }
+            for a in audios
+        ]
     outputs = llm.generate(prompts, params)
     completions = []
     for output in outputs:
@@ -110,15 +127,24 @@ def serve(run: Run, model_dir: Path, result_path: Path) -> None:
 def launch(run: Run, model_dir: Path, work: Path, timeout_s: float) -> dict[str, Any]:
     run_dir = work / run.name
     run_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "VLLM_PLUGINS": "kvcanary", "KVCANARY_KERNEL_VARIANT": run.variant,
-           "KVCANARY_CANARIES": run.canaries, "KVCANARY_RECEIPT_DIR": str(run_dir / "receipts"),
-           "KVCANARY_ALLOW_UNVERIFIED_VLLM": "0", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "VLLM_PLUGINS": "kvcanary",
+        "KVCANARY_KERNEL_VARIANT": run.variant,
+        "KVCANARY_CANARIES": run.canaries,
+        "KVCANARY_RECEIPT_DIR": str(run_dir / "receipts"),
+        "KVCANARY_ALLOW_UNVERIFIED_VLLM": "0",
+        "PYTHONUNBUFFERED": "1",
+    }
     result_path = run_dir / "result.json"
     began = time.monotonic()
     with (run_dir / "engine.log").open("w") as log:
         child = subprocess.Popen(
             [sys.executable, __file__, "--serve", json.dumps(asdict(run)), str(model_dir), str(result_path)],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         try:
             code: int | str = child.wait(timeout=timeout_s)
@@ -127,8 +153,12 @@ def launch(run: Run, model_dir: Path, work: Path, timeout_s: float) -> dict[str,
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGKILL)  # the engine core outlives a crashed front end
         child.wait()
-    record: dict[str, Any] = {"run": asdict(run), "exit": code, "seconds": round(time.monotonic() - began, 1),
-                              "receipts": read_receipts(run_dir / "receipts")}
+    record: dict[str, Any] = {
+        "run": asdict(run),
+        "exit": code,
+        "seconds": round(time.monotonic() - began, 1),
+        "receipts": read_receipts(run_dir / "receipts"),
+    }
     if code == 0 and result_path.exists():
         record |= json.loads(result_path.read_text())
     else:
@@ -177,23 +207,47 @@ def claims(records: dict[str, dict[str, Any]], smoke: bool) -> list[tuple[str, b
     def pair(a: str, b: str) -> bool | None:
         return same(r[a], r[b]) if a in r and b in r else None
 
-    out.append(("whisper fixed: nan_kv_tail leaves output identical",
-                pair("whisper-fixed-none", "whisper-fixed-nan_kv_tail"),
-                describe(r.get("whisper-fixed-nan_kv_tail", {"receipts": []}))))
-    out.append(("llama fixed: nan_kv_tail leaves output identical", pair("llama-fixed-none", "llama-fixed-nan_kv_tail"),
-                describe(r.get("llama-fixed-nan_kv_tail", {"receipts": []}))))
+    out.append(
+        (
+            "whisper fixed: nan_kv_tail leaves output identical",
+            pair("whisper-fixed-none", "whisper-fixed-nan_kv_tail"),
+            describe(r.get("whisper-fixed-nan_kv_tail", {"receipts": []})),
+        )
+    )
+    out.append(
+        (
+            "llama fixed: nan_kv_tail leaves output identical",
+            pair("llama-fixed-none", "llama-fixed-nan_kv_tail"),
+            describe(r.get("llama-fixed-nan_kv_tail", {"receipts": []})),
+        )
+    )
     mla_fixed = pair("mla-fixed-none", "mla-fixed-high_block_ids")
-    out.append(("mla fixed: high_block_ids serves the same tokens", mla_fixed,
-                describe(r.get("mla-fixed-high_block_ids", {"receipts": []}))))
+    out.append(
+        (
+            "mla fixed: high_block_ids serves the same tokens",
+            mla_fixed,
+            describe(r.get("mla-fixed-high_block_ids", {"receipts": []})),
+        )
+    )
     if smoke:
         return out
     stock_whisper = pair("whisper-stock-none", "whisper-stock-nan_kv_tail")
-    out.append(("whisper stock 0.24: nan_kv_tail changes output (reads past seq_len)",
-                None if stock_whisper is None else not stock_whisper,
-                f"finite logprobs with canary: {finite(r['whisper-stock-nan_kv_tail'])}"
-                if "whisper-stock-nan_kv_tail" in r else "missing"))
-    out.append(("llama stock 0.24 (control): nan_kv_tail leaves output identical",
-                pair("llama-stock-none", "llama-stock-nan_kv_tail"), "causal bound stops at seq_len"))
+    out.append(
+        (
+            "whisper stock 0.24: nan_kv_tail changes output (reads past seq_len)",
+            None if stock_whisper is None else not stock_whisper,
+            f"finite logprobs with canary: {finite(r['whisper-stock-nan_kv_tail'])}"
+            if "whisper-stock-nan_kv_tail" in r
+            else "missing",
+        )
+    )
+    out.append(
+        (
+            "llama stock 0.24 (control): nan_kv_tail leaves output identical",
+            pair("llama-stock-none", "llama-stock-nan_kv_tail"),
+            "causal bound stops at seq_len",
+        )
+    )
     high = r.get("mla-stock-high_block_ids")
     if high is None:
         out.append(("mla stock 0.24: high_block_ids crashes or corrupts", None, "missing"))
@@ -201,22 +255,35 @@ def claims(records: dict[str, dict[str, Any]], smoke: bool) -> list[tuple[str, b
         out.append(("mla stock 0.24: high_block_ids crashes or corrupts", True, f"crashed: {high.get('error')}"))
     else:
         held = pair("mla-stock-none", "mla-stock-high_block_ids")
-        out.append(("mla stock 0.24: high_block_ids crashes or corrupts", None if held is None else not held,
-                    "served; tokens " + ("identical" if held else "differ")))
+        out.append(
+            (
+                "mla stock 0.24: high_block_ids crashes or corrupts",
+                None if held is None else not held,
+                "served; tokens " + ("identical" if held else "differ"),
+            )
+        )
     return out
 
 
 def page_offsets(record: dict[str, Any]) -> str:
     """The highest element offset of a page the high_block_ids canary hands the first request."""
     runner = model_runner_receipt(record)
-    engine = next((r for r in record.get("receipts", [])
-                   if r.get("canaries", {}).get("applied", {}).get(HIGH, {}).get("status") == "applied"), None)
+    engine = next(
+        (
+            r
+            for r in record.get("receipts", [])
+            if r.get("canaries", {}).get("applied", {}).get(HIGH, {}).get("status") == "applied"
+        ),
+        None,
+    )
     if runner is None or engine is None or not runner.get("kv_cache"):
         return "no receipt with both the KV cache and the high_block_ids canary"
     top = int(engine["canaries"]["applied"][HIGH]["first_handed_out"])
     stride = max(runner["kv_cache"]["block_strides"])
-    return (f"first block handed out {top:,} x page stride {stride:,} = {top * stride:,} elements "
-            f"({'past' if top * stride >= 2**31 else 'below'} 2^31 = {2**31:,})")
+    return (
+        f"first block handed out {top:,} x page stride {stride:,} = {top * stride:,} elements "
+        f"({'past' if top * stride >= 2**31 else 'below'} 2^31 = {2**31:,})"
+    )
 
 
 def main() -> None:
@@ -234,8 +301,11 @@ def main() -> None:
     from evals.fixtures.gsm8k_model import model_dir
 
     args.out.mkdir(parents=True, exist_ok=True)
-    models = {"whisper": tiny_models.whisper(args.whisper_tokenizer, args.work / "models" / "whisper"),
-              "mla": tiny_models.deepseek_mla(model_dir(), args.work / "models" / "mla"), "llama": model_dir()}
+    models = {
+        "whisper": tiny_models.whisper(args.whisper_tokenizer, args.work / "models" / "whisper"),
+        "mla": tiny_models.deepseek_mla(model_dir(), args.work / "models" / "mla"),
+        "llama": model_dir(),
+    }
     began = time.monotonic()
     todo = [r for r in runs(args.smoke) if not args.only or r.name in args.only.split(",")]
     with ThreadPoolExecutor(args.parallel) as pool:

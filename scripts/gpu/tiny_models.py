@@ -29,12 +29,31 @@ def whisper(tokenizer_dir: Path, out: Path, seed: int = 0) -> Path:
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     base = json.loads((tokenizer_dir / "config.json").read_text())
-    config = {k: base[k] for k in ("vocab_size", "num_mel_bins", "bos_token_id", "eos_token_id", "pad_token_id",
-                                   "decoder_start_token_id")}
-    config |= {"d_model": 256, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
-               "decoder_attention_heads": 4, "encoder_ffn_dim": 1024, "decoder_ffn_dim": 1024,
-               "max_source_positions": 1500, "max_target_positions": 448, "init_std": 0.1,
-               "tie_word_embeddings": True, "architectures": ["WhisperForConditionalGeneration"]}
+    config = {
+        k: base[k]
+        for k in (
+            "vocab_size",
+            "num_mel_bins",
+            "bos_token_id",
+            "eos_token_id",
+            "pad_token_id",
+            "decoder_start_token_id",
+        )
+    }
+    config |= {
+        "d_model": 256,
+        "encoder_layers": 2,
+        "decoder_layers": 2,
+        "encoder_attention_heads": 4,
+        "decoder_attention_heads": 4,
+        "encoder_ffn_dim": 1024,
+        "decoder_ffn_dim": 1024,
+        "max_source_positions": 1500,
+        "max_target_positions": 448,
+        "init_std": 0.1,
+        "tie_word_embeddings": True,
+        "architectures": ["WhisperForConditionalGeneration"],
+    }
     torch.manual_seed(seed)
     model = WhisperForConditionalGeneration(WhisperConfig(**config)).to(torch.float16)
     model.save_pretrained(out, safe_serialization=True)
@@ -53,23 +72,45 @@ def deepseek_mla(tokenizer_dir: Path, out: Path, num_layers: int = 1, seed: int 
     vocab = int(tok_config["vocab_size"])
     hidden, inter, heads, nope, rope, v_dim, lora = 256, 512, 4, 128, 64, 128, 512
     config: dict[str, Any] = {
-        "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "vocab_size": vocab,
-        "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": num_layers,
-        "num_attention_heads": heads, "num_key_value_heads": heads, "kv_lora_rank": lora, "q_lora_rank": None,
-        "qk_nope_head_dim": nope, "qk_rope_head_dim": rope, "v_head_dim": v_dim, "hidden_act": "silu",
-        "n_routed_experts": 0, "n_shared_experts": 0, "first_k_dense_replace": num_layers,
-        "moe_layer_freq": 1, "moe_intermediate_size": inter, "num_experts_per_tok": 1,
-        "max_position_embeddings": 4096, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
-        "bos_token_id": tok_config.get("bos_token_id"), "eos_token_id": tok_config.get("eos_token_id"),
+        "architectures": ["DeepseekV2ForCausalLM"],
+        "model_type": "deepseek_v2",
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "kv_lora_rank": lora,
+        "q_lora_rank": None,
+        "qk_nope_head_dim": nope,
+        "qk_rope_head_dim": rope,
+        "v_head_dim": v_dim,
+        "hidden_act": "silu",
+        "n_routed_experts": 0,
+        "n_shared_experts": 0,
+        "first_k_dense_replace": num_layers,
+        "moe_layer_freq": 1,
+        "moe_intermediate_size": inter,
+        "num_experts_per_tok": 1,
+        "max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "bos_token_id": tok_config.get("bos_token_id"),
+        "eos_token_id": tok_config.get("eos_token_id"),
     }
     gen = torch.Generator().manual_seed(seed)
 
     def rand(*shape: int, std: float = 0.1) -> torch.Tensor:
         return (torch.randn(*shape, generator=gen) * std).to(torch.bfloat16)
 
-    weights = {"model.embed_tokens.weight": rand(vocab, hidden, std=1.0), "model.norm.weight": rand(hidden) + 1,
-               "lm_head.weight": rand(vocab, hidden)}
+    weights = {
+        "model.embed_tokens.weight": rand(vocab, hidden, std=1.0),
+        "model.norm.weight": rand(hidden) + 1,
+        "lm_head.weight": rand(vocab, hidden),
+    }
     for i in range(num_layers):
         p = f"model.layers.{i}"
         weights |= {

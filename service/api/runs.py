@@ -81,9 +81,7 @@ def create_run(
     if profile is None:
         raise not_found(f"unknown profile {body.profile!r}; known profiles: {', '.join(sorted(profiles))}")
     try:
-        admitted = admit(
-            profile, body.overrides, body.compare, body.expect, on_this_host=engines_start_here(settings)
-        )
+        admitted = admit(profile, body.overrides, body.compare, body.expect, on_this_host=engines_start_here(settings))
     except RunRefused as exc:
         raise unprocessable(str(exc)) from exc
     wanted: dict[str, Any] = {

@@ -74,7 +74,11 @@ def _templates() -> Jinja2Templates:
     templates = Jinja2Templates(directory=HERE / "templates")
     env = templates.env
     env.filters.update(
-        when=when, duration=duration, since=since, number=number, signed=format_signed,
+        when=when,
+        duration=duration,
+        since=since,
+        number=number,
+        signed=format_signed,
         question=question_of,
     )
     for kind in kinds.registry().values():  # what a kind's own partials (samples/<kind>.html) use

@@ -64,9 +64,9 @@ class Run(Base):
     __tablename__ = "runs"
     __table_args__ = (
         # Label containment filters use it; SQLite has no GIN (migration 0003 builds it on PostgreSQL only).
-        Index(
-            "ix_runs_labels", "labels", postgresql_using="gin", postgresql_ops={"labels": "jsonb_path_ops"}
-        ).ddl_if(dialect="postgresql"),
+        Index("ix_runs_labels", "labels", postgresql_using="gin", postgresql_ops={"labels": "jsonb_path_ops"}).ddl_if(
+            dialect="postgresql"
+        ),
         # Covers /metrics' duration histogram: a scrape reads this narrow index, not the run rows.
         Index("ix_runs_durations", "profile", "duration_s"),
     )

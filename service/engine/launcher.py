@@ -200,8 +200,9 @@ class Engine:
         private_dir(self.receipt_dir)
         argv = build_argv(self.profile, port=self.port, python=self._python)
         env = build_env(self.profile, receipt_dir=self.receipt_dir, base_env=self._base_env)
-        shown_env = " ".join(f"{key}={shlex.quote(env[key])}" for key in (*MANAGED_ENV, "TRITON_INTERPRET")
-                             if key in env)
+        shown_env = " ".join(
+            f"{key}={shlex.quote(env[key])}" for key in (*MANAGED_ENV, "TRITON_INTERPRET") if key in env
+        )
         with append_private(self.log_path) as log:
             log.write(f"# kvcanary starts the engine: {shown_env} {shlex.join(argv)}\n".encode())
         began = time.monotonic()

@@ -241,8 +241,14 @@ def _paired(diff_arm: str, suites: Sequence[SuiteDiff]) -> list[PairedChange]:
     """Counts from the run diff, as each kind summarises its section (`MetricKind.changes`)."""
     return [
         PairedChange(
-            arm=diff_arm, suite=suite.suite, kind=name, metric=c.metric, matched=c.matched, worse=c.worse,
-            better=c.better, summary=c.summary,
+            arm=diff_arm,
+            suite=suite.suite,
+            kind=name,
+            metric=c.metric,
+            matched=c.matched,
+            worse=c.worse,
+            better=c.better,
+            summary=c.summary,
         )
         for suite in suites
         for name in suite.kinds

@@ -57,8 +57,7 @@ def platform_cls(monkeypatch: pytest.MonkeyPatch) -> type:
 def _selector(**fields: object) -> object:
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
-    return AttentionSelectorConfig(head_size=64, dtype=torch.float32, kv_cache_dtype="auto", block_size=None,
-                                   **fields)  # type: ignore[arg-type]
+    return AttentionSelectorConfig(head_size=64, dtype=torch.float32, kv_cache_dtype="auto", block_size=None, **fields)  # type: ignore[arg-type]
 
 
 def test_cpu_platform_selects_triton_attn_for_attention_and_keeps_mla(platform_cls: type) -> None:
@@ -73,8 +72,11 @@ def test_cpu_platform_selects_triton_attn_for_attention_and_keeps_mla(platform_c
     assert "mla" in platform_cls.get_attn_backend_cls(None, _selector(use_mla=True)).lower()
     with pytest.raises(ValueError, match="attention_backend FLASH_ATTN"):
         platform_cls.get_attn_backend_cls(AttentionBackendEnum.FLASH_ATTN, _selector())
-    assert list(path.selected) == ["decoder attention", "encoder_decoder attention",
-                                   "MLA and sparse attention keep the CPU platform's backend"]
+    assert list(path.selected) == [
+        "decoder attention",
+        "encoder_decoder attention",
+        "MLA and sparse attention keep the CPU platform's backend",
+    ]
 
 
 def test_the_path_touches_nothing_off_the_cpu_platform_or_for_stock() -> None:
@@ -97,18 +99,26 @@ def test_backend_module_gets_torch_kv_write_and_encoder_attention(
     path._patch_backend_module(triton_attn)
     assert triton_attn.triton_reshape_and_cache_flash is write_kv
     assert triton_attn.context_attention_fwd is encoder_attention
-    assert set(path.replaced) == {f"{_cpu_triton._BACKENDS}.{n}" for n in
-                                  ("triton_reshape_and_cache_flash", "context_attention_fwd")}
+    assert set(path.replaced) == {
+        f"{_cpu_triton._BACKENDS}.{n}" for n in ("triton_reshape_and_cache_flash", "context_attention_fwd")
+    }
 
 
 def test_receipt_says_on_the_execution_path_only_where_the_path_is_active(tmp_path: Path) -> None:
-    env = {"KVCANARY_KERNEL_VARIANT": "fixed", "KVCANARY_RECEIPT_DIR": str(tmp_path),
-           "KVCANARY_CPU_PATH": "triton-interpreter", "TRITON_INTERPRET": "1"}
+    env = {
+        "KVCANARY_KERNEL_VARIANT": "fixed",
+        "KVCANARY_RECEIPT_DIR": str(tmp_path),
+        "KVCANARY_CPU_PATH": "triton-interpreter",
+        "TRITON_INTERPRET": "1",
+    }
     config = vllm_plugin.PluginConfig.from_env(env)
     assert config is not None and config.cpu_path == "triton-interpreter"
     made = vllm_plugin._Plugin(config)
     made.rebound["vllm.v1.attention.backends.triton_attn.unified_attention"] = {
-        "status": "rebound", "backends": ["TRITON_ATTN"], "covers": "prefill and decode"}
+        "status": "rebound",
+        "backends": ["TRITON_ATTN"],
+        "covers": "prefill and decode",
+    }
     made.runs_model, made.backends = True, ["TRITON_ATTN"]
     assert made.cpu_path is not None
     assert made.execution_path()[0] is False  # requested, not started: the CPU backend runs
@@ -124,8 +134,19 @@ def test_encoder_attention_matches_a_float64_softmax_per_sequence() -> None:
     lens, starts = [5, 3], torch.tensor([0, 5, 8])
     q, k, v = (torch.randn(8, heads, 16, generator=gen) for heads in (4, 2, 2))
     out = torch.full_like(q, float("nan"))
-    encoder_attention(q, k, v, out, starts, torch.tensor(lens), 5, is_causal=False, softmax_scale=0.25,
-                      sliding_window_q=-1, sliding_window_k=-1)
+    encoder_attention(
+        q,
+        k,
+        v,
+        out,
+        starts,
+        torch.tensor(lens),
+        5,
+        is_causal=False,
+        softmax_scale=0.25,
+        sliding_window_q=-1,
+        sliding_window_k=-1,
+    )
     for start, length in zip(starts.tolist(), lens, strict=False):
         rows = slice(start, start + length)
         qq, kk, vv = (t[rows].double().transpose(0, 1) for t in (q, k, v))

@@ -140,7 +140,6 @@ def test_the_pipeline_refuses_a_snapshot_this_host_cannot_run_though_the_file_no
 # migration 0009
 
 
-
 def test_runs_queued_before_0009_keep_no_snapshot_and_execute_their_profile_by_name(
     empty_database: str, packaged: dict[str, Profile]
 ) -> None:

@@ -43,19 +43,27 @@ SCALE_MUTANT = "softmax_scale_drift"  # numeric only: every call, the scale one 
 def _profile(make_profile: MakeProfile, name: str, suites: list[dict[str, Any]]) -> Any:
     from evals.fixtures.gsm8k_model import model_dir
 
-    return make_profile(model_dir(), name=name, engine={"dtype": "float32"},
-                        kernels={"cpu_path": "triton-interpreter"}, suites=suites)
+    return make_profile(
+        model_dir(), name=name, engine={"dtype": "float32"}, kernels={"cpu_path": "triton-interpreter"}, suites=suites
+    )
 
 
 def _drift(prompts: int) -> dict[str, Any]:
     """Zero-shot questions, two generated tokens: the interpreted kernels' cost grows with the
     tokens each program reads, and these rows are about the path, not the model's skill."""
-    return {"suite": "drift", "limit": prompts, "num_fewshot": 0, "max_tokens": 2, "edge_lengths": False,
-            "concurrency": prompts}
+    return {
+        "suite": "drift",
+        "limit": prompts,
+        "num_fewshot": 0,
+        "max_tokens": 2,
+        "edge_lengths": False,
+        "concurrency": prompts,
+    }
 
 
-def _execute(tmp_path: Path, profile: Any, variants: list[str], overrides: dict[str, Any],
-             monkeypatch: pytest.MonkeyPatch) -> tuple[str, RunDetail, str | None, Path, RunDiff | None]:
+def _execute(
+    tmp_path: Path, profile: Any, variants: list[str], overrides: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> tuple[str, RunDetail, str | None, Path, RunDiff | None]:
     """The run's end state, detail, error, folder, and (with several arms) its diff of the first and last."""
     final, url, run_id = execute_queued(tmp_path, profile, variants, monkeypatch, overrides)
     with session_scope(url) as session:
@@ -89,13 +97,16 @@ def test_fixed_kernels_stay_within_vllm_cpus_attention_and_the_reached_mutants_a
     here never splits (docs/mutants.md)."""
     profile = _profile(make_profile, "cpu-triton-ab", [_drift(DRIFT_PROMPTS)])
     arms = ["stock", "fixed", CHUNK_MUTANT, SCALE_MUTANT, MUTANT]  # the diff takes the first and last
-    final, detail, error, run_dir, diff = _execute(tmp_path, profile, arms, {"canaries": ["high_block_ids"]},
-                                                   monkeypatch)
+    final, detail, error, run_dir, diff = _execute(
+        tmp_path, profile, arms, {"canaries": ["high_block_ids"]}, monkeypatch
+    )
     kl = _metric(detail, "fixed", "drift", "kl")
-    print(f"drift fixed vs vllm-cpu: kl {kl.value:.3g} (CI {kl.ci_low}..{kl.ci_high}), floor "
-          f"{kl.details['floor_mean_kl']:.3g}, margin {kl.details['tolerance']}, decode |dlogprob| excess "
-          f"{kl.details['dlogprob_excess']}, close-rule breaks {kl.details['close_broken']}, n {kl.n}; "
-          f"timings {detail.timings}")
+    print(
+        f"drift fixed vs vllm-cpu: kl {kl.value:.3g} (CI {kl.ci_low}..{kl.ci_high}), floor "
+        f"{kl.details['floor_mean_kl']:.3g}, margin {kl.details['tolerance']}, decode |dlogprob| excess "
+        f"{kl.details['dlogprob_excess']}, close-rule breaks {kl.details['close_broken']}, n {kl.n}; "
+        f"timings {detail.timings}"
+    )
     assert final == "failed", (error, detail.verdict_summary)  # the mutant's arm fails the run
 
     stock, fixed = _model_receipt(run_dir, "stock"), _model_receipt(run_dir, "fixed")
@@ -122,8 +133,10 @@ def test_fixed_kernels_stay_within_vllm_cpus_attention_and_the_reached_mutants_a
 
     for arm in (MUTANT, CHUNK_MUTANT):
         caught = _metric(detail, arm, "drift", "kl")
-        print(f"drift {arm} vs vllm-cpu: {caught.explanation[:300]}; timings {arm}: "
-              f"{ {k: v for k, v in detail.timings.items() if k.startswith(arm + '.')} }")
+        print(
+            f"drift {arm} vs vllm-cpu: {caught.explanation[:300]}; timings {arm}: "
+            f"{ {k: v for k, v in detail.timings.items() if k.startswith(arm + '.')} }"
+        )
         assert caught.verdict == "fail" and caught.details["kl_verdict"] == "fail", caught.explanation
         variant = arm.split(",")[0]
         rebound = _model_receipt(run_dir, arm)["rebound"]["vllm.v1.attention.backends.triton_attn.unified_attention"]
@@ -161,8 +174,9 @@ def test_legacy_kernel_on_a_causal_model_reads_no_poisoned_tail(
     logprob stays finite, the run passes, and the receipts prove the legacy kernel served it with
     the canary armed."""
     profile = _profile(make_profile, "cpu-triton-legacy", [_drift(LEGACY_PROMPTS)])
-    final, detail, error, run_dir, _ = _execute(tmp_path, profile, ["legacy"], {"canaries": ["nan_kv_tail"]},
-                                             monkeypatch)
+    final, detail, error, run_dir, _ = _execute(
+        tmp_path, profile, ["legacy"], {"canaries": ["nan_kv_tail"]}, monkeypatch
+    )
     print(f"legacy + nan_kv_tail: timings {detail.timings}")
     assert final == "passed", (error, detail.verdict_summary)
     runner = _model_receipt(run_dir, "legacy")

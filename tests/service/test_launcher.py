@@ -133,8 +133,9 @@ def test_env_layers_host_then_profile_then_plugin_settings(make_profile: MakePro
     assert default["KVCANARY_ALLOW_UNVERIFIED_VLLM"] == "0"
 
 
-@pytest.mark.parametrize(("variant", "expected"), [("fixed", "triton-interpreter"), ("legacy", "triton-interpreter"),
-                                                    ("stock", "")])
+@pytest.mark.parametrize(
+    ("variant", "expected"), [("fixed", "triton-interpreter"), ("legacy", "triton-interpreter"), ("stock", "")]
+)
 def test_cpu_path_sets_the_interpreter_for_kvcanarys_kernels_only(
     make_profile: MakeProfile, variant: str, expected: str
 ) -> None:

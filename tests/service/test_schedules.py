@@ -138,9 +138,7 @@ def test_two_schedulers_fire_every_due_time_exactly_once(database_url: str, tmp_
     assert all(r.labels == {"vllm_version": "0.24.0", "schedule": PROFILE} for r in runs)
 
 
-def test_catch_up_after_downtime_queues_one_run_and_later_fires_wait_for_it(
-    database_url: str, tmp_path: Path
-) -> None:
+def test_catch_up_after_downtime_queues_one_run_and_later_fires_wait_for_it(database_url: str, tmp_path: Path) -> None:
     profiles_dir = write_profile(tmp_path / "profiles")
     clock = ManualClock(START)
     first = scheduler(database_url, profiles_dir, clock)
