@@ -139,6 +139,10 @@ def rows() -> list[Row]:
             "stock and fixed within their floors under every condition; split_lse_merge reported (docs/mutants.md)",
             lambda r: _arm_verdicts(r, "stock", {"pass", "warn", "inconclusive"})
             + _arm_verdicts(r, "fixed", {"pass", "warn"}) + [p for arm in r["variants"] for p in _on_path(r, arm)]),
+        Row("inv-mla-base2", "invariance", "invariance-tiny-mla-gpu", ("--compare", "fixed,split_lse_base2"),
+            "split_lse_base2 (a base-2 log-sum-exp in the merge) fails its decode conditions; fixed within its floors",
+            lambda r: _arm_verdicts(r, "fixed", {"pass", "warn", "inconclusive"})
+            + _arm_verdicts(r, "split_lse_base2", {"fail"}) + [p for arm in r["variants"] for p in _on_path(r, arm)]),
         Row("inv-mla-legacy", "invariance", "invariance-tiny-mla-gpu", ("--compare", "fixed,legacy", *high),
             "legacy (wrong pages past the int32 wrap) fails, the verdict naming the conditions, or dies",
             lambda r: _broken(r, "legacy") + _on_path(r, "legacy")),
