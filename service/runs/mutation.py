@@ -79,7 +79,9 @@ def run_request(
     profile: str, profile_canaries: Sequence[str], mutants: Sequence[str], batch: str, labels: Mapping[str, str]
 ) -> dict[str, Any]:
     """The run a batch queues, as the API's POST body: fixed, then each mutant, with the canaries
-    that make the mutants' conditions reachable added to the profile's (fixed must pass them all)."""
+    that make the mutants' conditions reachable added to the profile's (fixed must pass them all).
+    A mutant named twice is one arm."""
+    mutants = list(dict.fromkeys(mutants))
     needed = [canary for mutant in mutants for canary in MUTANTS[mutant].canaries]
     canaries = list(dict.fromkeys([*profile_canaries, *needed]))
     body: dict[str, Any] = {
@@ -252,8 +254,13 @@ def markdown(matrices: Sequence[MutationMatrix]) -> str:
                 cells[-1] = f"{cells[-1]} [run {row.run_id}]"
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     for matrix in matrices:
+        if matrix.batch is None:
+            lines.append(
+                f"\n{matrix.profile}: no mutation batch stored yet (`kvcanary mutants {matrix.profile}` runs one)"
+            )
+            continue
         lines.append(
-            f"\n{matrix.profile}: batch {matrix.batch or '-'}, {matrix.caught} of {len(matrix.rows)} mutants seen "
+            f"\n{matrix.profile}: batch {matrix.batch}, {matrix.caught} of {len(matrix.rows)} mutants seen "
             f"by at least one suite; {matrix.judged} of {len(matrix.rows)} judged (their run ended)"
         )
     return "\n".join(lines)

@@ -212,12 +212,27 @@ def test_cli_prints_the_stored_matrix_and_refuses_what_it_cannot_run(settings: S
     shown = cli("--show", PROFILE)
     assert shown.returncode == 0, shown.stderr
     assert f"| batch_row_shift | caught (at 6 of 40 items, 32 s) [run {run_id}] |" in shown.stdout
+    never = cli("--show", "drift-tiny-cpu-triton", folder=PACKAGED_PROFILES)
+    assert never.returncode == 0, never.stderr
+    assert (
+        "drift-tiny-cpu-triton: no mutation batch stored yet (`kvcanary mutants drift-tiny-cpu-triton`" in never.stdout
+    )
     wrong = cli("--mutant", "no_such_mutant", PROFILE)
     assert wrong.returncode == 2 and "unknown mutant no_such_mutant" in wrong.stderr
     refused = cli("drift-tiny-gpu", folder=PACKAGED_PROFILES)
     reason = refusal(configured_profiles(Settings(profiles_dir=PACKAGED_PROFILES))["drift-tiny-gpu"])
     if reason is not None:  # a CPU host: the needs_gpu profile is refused before anything is queued
         assert refused.returncode == 2 and " ".join(reason.split()[:5]) in " ".join(refused.stdout.split())
+
+
+def test_a_mutant_named_twice_is_one_arm_and_its_canary_is_armed_once() -> None:
+    body = mutation.run_request("p", ["nan_kv_tail"], ["tail_read", "batch_row_shift", "tail_read"], "b1", {})
+    assert body["compare"] == ["fixed", "tail_read", "batch_row_shift"]
+    assert body["expect"] == {"fixed": "pass", "tail_read": "fail", "batch_row_shift": "fail"}
+    assert "overrides" not in body  # the profile already arms tail_read's canary
+    assert mutation.run_request("p", [], ["page_offset_i32"] * 2, "b1", {})["overrides"] == {
+        "canaries": ["high_block_ids"]
+    }
 
 
 def test_the_release_view_carries_the_latest_mutation_score(client: TestClient, settings: Settings) -> None:
