@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from evals.drift_verdict import DEFAULT_DLOGPROB_MARGIN, DEFAULT_KL_MARGIN, judge_drift, mean_interval
+from evals.drift_verdict import DEFAULT_DLOGPROB_MARGIN, DEFAULT_KL_MARGIN, MIN_PROMPTS, judge_drift, mean_interval
 from evals.logprob_drift import PromptDrift, TopK, kl_topk
 from evals.verdict import Baseline, MetricJudgement, Verdict
 
@@ -147,6 +147,10 @@ def _mean(values: Sequence[float]) -> float:
     return math.fsum(values) / len(values) if values else 0.0
 
 
+def _label(name: str) -> str:
+    return CONDITIONS[name].label if name in CONDITIONS else name
+
+
 def where(position: int, prompt_len: int) -> str:
     """A position in words: inside the prompt, or the continuation's n-th token."""
     return f"prompt position {position}" if position < prompt_len else f"continuation token {position - prompt_len}"
@@ -176,9 +180,18 @@ class ConditionResult:
     decode: tuple[float | None, float | None, float | None]
     decode_verdict: str | None
     kl_verdict: str | None
+    # The floor's own mean KL interval (90%; None below the prompts an interval needs): a floor
+    # past the tolerance means the arm does not reproduce itself under the condition, which a
+    # bug on both sides of the floor (a batch-dependent page read) looks like, and more prompts
+    # cannot turn into a verdict.
+    floor_ci: tuple[float, float] | None
+
+    @property
+    def unsteady_floor(self) -> bool:
+        return self.floor_ci is not None and self.floor_ci[0] > self.threshold - self.floor_kl
 
     def headline(self) -> str:
-        label = CONDITIONS[self.name].label if self.name in CONDITIONS else self.name
+        label = _label(self.name)
         if self.nonfinite:
             return f"{label}: {self.nonfinite} of {self.compared} prompts have non-finite logprobs"
         if self.divergent:
@@ -216,6 +229,11 @@ class ConditionResult:
             text += f", decode |delta logprob| {excess:.3g} nats over the floor ({interval})"
         if self.nonfinite:
             text += f", {self.nonfinite} with non-finite logprobs"
+        if self.unsteady_floor and self.floor_ci is not None:
+            text += (
+                f", and its floor itself moves {self.floor_kl:.3g} nats (90% CI {self.floor_ci[0]:.3g}-"
+                f"{self.floor_ci[1]:.3g}), past the tolerance: the arm does not reproduce itself here"
+            )
         return text + "".join(f"; {note}" for note in self.notes)
 
 
@@ -246,6 +264,7 @@ def _condition(
     finite = [d for d in drifts.values() if d["finite"]]
     kls = [d["mean_kl"] for d in finite]
     floor_kl = _mean([r["floor"]["mean_kl"] for r in rows.values()])
+    floor_kls = [r["floor"]["mean_kl"] for r in rows.values() if r["floor"]["finite"]]
     notes = sorted({str(r["note"]) for r in rows.values() if r.get("note")})
     firsts = [f"{key}@{where(pos, lens[key])}" for key, pos in divergent]
     return ConditionResult(
@@ -269,6 +288,7 @@ def _condition(
                 _number(judged.details.get("dlogprob_ci_high"))),
         decode_verdict=_text(judged.details.get("dlogprob_verdict")),
         kl_verdict=_text(judged.details.get("kl_verdict")),
+        floor_ci=mean_interval(floor_kls, confidence=1 - 2 * alpha) if len(floor_kls) >= MIN_PROMPTS else None,
     )  # fmt: skip
 
 
@@ -307,7 +327,7 @@ def judge_invariance(
         for r in found.values():
             if "skipped" in r:
                 reasons[r["skipped"]] = reasons.get(r["skipped"], 0) + 1
-        label = CONDITIONS[name].label if name in CONDITIONS else name
+        label = _label(name)
         skips += [f"{label} for {n} of {len(found)} prompts: {why}" for why, n in reasons.items()]
         if built:
             rows = next(iter(candidate.values()))
@@ -326,7 +346,9 @@ def judge_invariance(
                         f"{r.name}.argmax_agreement": r.agreement, f"{r.name}.divergent": r.divergent,
                         f"{r.name}.first_divergence": r.first, f"{r.name}.dlogprob_excess": r.decode[0],
                         f"{r.name}.dlogprob_ci_low": r.decode[1], f"{r.name}.dlogprob_ci_high": r.decode[2],
-                        f"{r.name}.dlogprob_verdict": r.decode_verdict})  # fmt: skip
+                        f"{r.name}.dlogprob_verdict": r.decode_verdict,
+                        f"{r.name}.floor_ci_low": r.floor_ci and r.floor_ci[0],
+                        f"{r.name}.floor_ci_high": r.floor_ci and r.floor_ci[1]})  # fmt: skip
     seconds: dict[str, float] = {}
     for r in candidate.values():
         for name, s in (r.get("seconds") or {}).items():
@@ -353,17 +375,30 @@ def judge_invariance(
         what = "; ".join(r.headline() for r in failed)
         head = f"FAIL: {suite} diverges {scope} {what}."
     elif verdict == "warn":
-        warned = [CONDITIONS[r.name].label if r.name in CONDITIONS else r.name for r in results if r.verdict == "warn"]
+        warned = [_label(r.name) for r in results if r.verdict == "warn"]
         head = (
             f"WARN: {suite} moves beyond the floor, within the tolerance, under {', '.join(warned)}: "
             "not a failure, but the math is not invariant there."
         )
     elif verdict == "inconclusive":
-        unsure = [CONDITIONS[r.name].label if r.name in CONDITIONS else r.name for r in results if r.verdict != "pass"]
-        head = (
-            f"INCONCLUSIVE: {suite} found no divergence beyond the floors, but under {', '.join(unsure)} the prompts "
-            f"were too few (or too spread) to see an excess as small as the tolerance: add prompts to decide."
-        )
+        unsure = [r for r in results if r.verdict == "inconclusive"]
+        unsteady = [_label(r.name) for r in unsure if r.unsteady_floor]
+        spread = [_label(r.name) for r in unsure if not r.unsteady_floor]
+        head = f"INCONCLUSIVE: {suite} found no divergence beyond the floors"
+        if spread:
+            head += (
+                f", but under {', '.join(spread)} the prompts were too few (or too spread) to see an excess as small "
+                "as the tolerance: add prompts to decide"
+            )
+        if unsteady:
+            head += (
+                f"{';' if spread else ', but'} under {', '.join(unsteady)}, the floor itself (the condition repeated) "
+                "moves past the tolerance: this arm does not reproduce itself there, which a bug on both sides of "
+                "the floor also looks like, and more prompts will not decide it; compare the arm's outputs with a "
+                "control arm's (the drift suite)"
+            )
+        head += "."
+
     else:
         head = f"PASS: {suite} holds under every condition it built ({len(results)})."
     body = " ".join(f"{r.sentence(tolerances[r.name])}." for r in results)

@@ -190,6 +190,22 @@ def test_non_finite_logprobs_fail_the_condition_that_produced_them() -> None:
     assert partial.details["batch.mean_kl"] == pytest.approx(1e-6)
 
 
+def test_a_floor_past_the_tolerance_is_named_as_the_arm_not_reproducing_itself() -> None:
+    """A bug on both sides of a floor (a batch-dependent page read, in the alone-vs-batch drift and in
+    the two-batches floor alike) leaves a wide excess: inconclusive, and the reason is the floor, not
+    too few prompts."""
+    both = [row((_drift(0.5 * ((i * 7) % 16) / 16), 20), (_drift(0.5 * (i % 16) / 16), 20)) for i in range(16)]
+    judged = judge_invariance("invariance", "kl", _rows({"batch": both, "prefix_hit": _same()}), None)
+    assert judged.verdict == "inconclusive", judged.explanation
+    assert "under batch composition, the floor itself (the condition repeated) moves past the tolerance" in (
+        judged.explanation
+    )
+    assert "more prompts will not decide it" in judged.explanation and "add prompts" not in judged.explanation
+    assert float(judged.details["batch.floor_ci_low"] or 0) > 0.01  # the rows' tolerance
+    assert judged.details["prefix_hit.floor_ci_high"] == pytest.approx(1e-4, abs=1e-4)
+    assert "its floor itself moves" in judged.explanation.split("prefix-cache hits (")[0]
+
+
 def test_few_prompts_are_inconclusive_not_pass() -> None:
     judged = judge_invariance("invariance", "kl", _rows({"batch": _same(4)}, n=4), None)
     assert judged.verdict == "inconclusive" and "add prompts" in judged.explanation
