@@ -143,6 +143,21 @@ def rows() -> list[Row]:
             "split_lse_base2 (a base-2 log-sum-exp in the merge) fails its decode conditions; fixed within its floors",
             lambda r: _arm_verdicts(r, "fixed", {"pass", "warn", "inconclusive"})
             + _arm_verdicts(r, "split_lse_base2", {"fail"}) + [p for arm in r["variants"] for p in _on_path(r, arm)]),
+        Row("inv-mutants", "invariance", "invariance-tiny-gpu",
+            ("--compare", "fixed,chunk_context_skip,batch_row_shift,softmax_scale_drift"),
+            "the mutants this fixture reaches under every condition: chunk_context_skip fails; batch_row_shift moves "
+            "its own floors (inconclusive) or fails (docs/mutants.md)",
+            lambda r: _arm_verdicts(r, "fixed", {"pass", "warn", "inconclusive"})
+            + _arm_verdicts(r, "chunk_context_skip", {"fail"})
+            + _arm_verdicts(r, "batch_row_shift", {"fail", "inconclusive"})
+            + [p for arm in r["variants"] for p in _on_path(r, arm)]),
+        Row("inv-mla-mutants", "invariance", "invariance-tiny-mla-gpu",
+            ("--compare", "fixed,batch_row_shift,softmax_scale_drift"),
+            "batch_row_shift moves its own floors (inconclusive), fails or dies (wrong pages); "
+            "softmax_scale_drift fails decode vs prefill",
+            lambda r: _arm_verdicts(r, "fixed", {"pass", "warn", "inconclusive"})
+            + (_broken(r, "batch_row_shift") and _arm_verdicts(r, "batch_row_shift", {"fail", "inconclusive"}))
+            + _arm_verdicts(r, "softmax_scale_drift", {"fail"})),
         Row("inv-mla-legacy", "invariance", "invariance-tiny-mla-gpu", ("--compare", "fixed,legacy", *high),
             "legacy (wrong pages past the int32 wrap) fails, the verdict naming the conditions, or dies",
             lambda r: _broken(r, "legacy") + _on_path(r, "legacy")),
