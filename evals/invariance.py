@@ -180,10 +180,10 @@ class ConditionResult:
     decode: tuple[float | None, float | None, float | None]
     decode_verdict: str | None
     kl_verdict: str | None
-    # The floor's own mean KL interval (90%; None below the prompts an interval needs): a floor
-    # past the tolerance means the arm does not reproduce itself under the condition, which a
-    # bug on both sides of the floor (a batch-dependent page read) looks like, and more prompts
-    # cannot turn into a verdict.
+    # The floor's own mean KL interval (90%; None below the prompts an interval needs). A floor
+    # past the tolerance means the arm does not reproduce itself under the condition, which a bug
+    # on both sides of the floor (a batch-dependent page read) looks like: such a condition is at
+    # best inconclusive, as no excess over that floor can show the arm within the tolerance.
     floor_ci: tuple[float, float] | None
 
     @property
@@ -265,17 +265,22 @@ def _condition(
     kls = [d["mean_kl"] for d in finite]
     floor_kl = _mean([r["floor"]["mean_kl"] for r in rows.values()])
     floor_kls = [r["floor"]["mean_kl"] for r in rows.values() if r["floor"]["finite"]]
+    floor_ci = mean_interval(floor_kls, confidence=1 - 2 * alpha) if len(floor_kls) >= MIN_PROMPTS else None
+    margin = baseline.tolerance if baseline is not None else tolerance
+    verdict: Verdict = judged.verdict
+    if floor_ci is not None and floor_ci[0] > margin and verdict in ("pass", "warn"):
+        verdict = "inconclusive"  # an excess within the margin of a floor that moves past it means nothing
     notes = sorted({str(r["note"]) for r in rows.values() if r.get("note")})
     firsts = [f"{key}@{where(pos, lens[key])}" for key, pos in divergent]
     return ConditionResult(
         name=name,
-        verdict=judged.verdict,
+        verdict=verdict,
         compared=len(rows),
         divergent=len(divergent),
         mean_kl=_mean(kls) if kls else None,
         ci=mean_interval(kls, confidence=1 - alpha) if kls else None,
         floor_kl=floor_kl,
-        threshold=floor_kl + (baseline.tolerance if baseline is not None else tolerance),
+        threshold=floor_kl + margin,
         max_kl=max((d["max_kl"] for d in finite), default=None),
         agreement=_mean([d["argmax_agreement"] for d in drifts.values()]),
         violations=sum(1 for d in drifts.values() if not d["close"]),
@@ -288,7 +293,7 @@ def _condition(
                 _number(judged.details.get("dlogprob_ci_high"))),
         decode_verdict=_text(judged.details.get("dlogprob_verdict")),
         kl_verdict=_text(judged.details.get("kl_verdict")),
-        floor_ci=mean_interval(floor_kls, confidence=1 - 2 * alpha) if len(floor_kls) >= MIN_PROMPTS else None,
+        floor_ci=floor_ci,
     )  # fmt: skip
 
 
@@ -394,8 +399,8 @@ def judge_invariance(
             head += (
                 f"{';' if spread else ', but'} under {', '.join(unsteady)}, the floor itself (the condition repeated) "
                 "moves past the tolerance: this arm does not reproduce itself there, which a bug on both sides of "
-                "the floor also looks like, and more prompts will not decide it; compare the arm's outputs with a "
-                "control arm's (the drift suite)"
+                "the floor also looks like, and more prompts would not make a pass trustworthy; compare the arm's "
+                "outputs with a control arm's (the drift suite)"
             )
         head += "."
 

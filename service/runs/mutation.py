@@ -244,7 +244,7 @@ def markdown(matrices: Sequence[MutationMatrix]) -> str:
     columns = [(m, suite) for m in matrices for suite in m.suites]
     names = list(dict.fromkeys(row.mutant for m in matrices for row in m.rows))
     header = "| mutant | " + " | ".join(f"{m.profile}: {suite}" for m, suite in columns) + " |"
-    lines = [header, "|---" * (len(columns) + 1) + "|"]
+    lines = [header, "|---" * (len(columns) + 1) + "|"] if any(m.rows for m in matrices) else []
     for name in names:
         cells = []
         for matrix, suite in columns:
@@ -263,4 +263,4 @@ def markdown(matrices: Sequence[MutationMatrix]) -> str:
             f"\n{matrix.profile}: batch {matrix.batch}, {matrix.caught} of {len(matrix.rows)} mutants seen "
             f"by at least one suite; {matrix.judged} of {len(matrix.rows)} judged (their run ended)"
         )
-    return "\n".join(lines)
+    return "\n".join(lines).lstrip("\n")
