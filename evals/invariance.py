@@ -185,10 +185,7 @@ class ConditionResult:
     # on both sides of the floor (a batch-dependent page read) looks like: such a condition is at
     # best inconclusive, as no excess over that floor can show the arm within the tolerance.
     floor_ci: tuple[float, float] | None
-
-    @property
-    def unsteady_floor(self) -> bool:
-        return self.floor_ci is not None and self.floor_ci[0] > self.threshold - self.floor_kl
+    unsteady_floor: bool  # the floor's interval lies past the tolerance
 
     def headline(self) -> str:
         label = _label(self.name)
@@ -229,7 +226,7 @@ class ConditionResult:
             text += f", decode |delta logprob| {excess:.3g} nats over the floor ({interval})"
         if self.nonfinite:
             text += f", {self.nonfinite} with non-finite logprobs"
-        if self.unsteady_floor and self.floor_ci is not None:
+        if self.unsteady_floor and self.floor_ci is not None:  # the check narrows floor_ci for mypy
             text += (
                 f", and its floor itself moves {self.floor_kl:.3g} nats (90% CI {self.floor_ci[0]:.3g}-"
                 f"{self.floor_ci[1]:.3g}), past the tolerance: the arm does not reproduce itself here"
@@ -267,8 +264,9 @@ def _condition(
     floor_kls = [r["floor"]["mean_kl"] for r in rows.values() if r["floor"]["finite"]]
     floor_ci = mean_interval(floor_kls, confidence=1 - 2 * alpha) if len(floor_kls) >= MIN_PROMPTS else None
     margin = baseline.tolerance if baseline is not None else tolerance
+    unsteady = floor_ci is not None and floor_ci[0] > margin
     verdict: Verdict = judged.verdict
-    if floor_ci is not None and floor_ci[0] > margin and verdict in ("pass", "warn"):
+    if unsteady and verdict in ("pass", "warn"):
         verdict = "inconclusive"  # an excess within the margin of a floor that moves past it means nothing
     notes = sorted({str(r["note"]) for r in rows.values() if r.get("note")})
     firsts = [f"{key}@{where(pos, lens[key])}" for key, pos in divergent]
@@ -294,6 +292,7 @@ def _condition(
         decode_verdict=_text(judged.details.get("dlogprob_verdict")),
         kl_verdict=_text(judged.details.get("kl_verdict")),
         floor_ci=floor_ci,
+        unsteady_floor=unsteady,
     )  # fmt: skip
 
 
@@ -403,7 +402,6 @@ def judge_invariance(
                 "outputs with a control arm's (the drift suite)"
             )
         head += "."
-
     else:
         head = f"PASS: {suite} holds under every condition it built ({len(results)})."
     body = " ".join(f"{r.sentence(tolerances[r.name])}." for r in results)
