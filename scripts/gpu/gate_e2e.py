@@ -67,6 +67,10 @@ def _on_path(run: dict[str, Any], arm: str, workers: int = 1) -> list[str]:
     return []
 
 
+def _every_on_path(run: dict[str, Any]) -> list[str]:
+    return [p for arm in run["variants"] for p in _on_path(run, arm)]
+
+
 def _status(run: dict[str, Any], status: str) -> list[str]:
     return [] if run["status"] == status else [f"run is {run['status']}, not {status}: {run['error'] or ''}"]
 
@@ -89,10 +93,8 @@ def _fresh_engines(count: int) -> tuple[str, ...]:
 def _no_fail(run: dict[str, Any], first: int = 0) -> list[str]:
     """A/A: every judged metric of the arms from ``first`` on anything but `fail` (drift judges no
     reference arm: ``first=1``), every arm's receipts on the path."""
-    judged = run["variants"][first:]
-    return [p for arm in judged for p in _arm_verdicts(run, arm, {"pass", "warn", "inconclusive"})] + [
-        p for arm in run["variants"] for p in _on_path(run, arm)
-    ]
+    verdicts = [p for arm in run["variants"][first:] for p in _arm_verdicts(run, arm, {"pass", "warn", "inconclusive"})]
+    return verdicts + _every_on_path(run)
 
 
 def rows() -> list[Row]:
@@ -129,21 +131,21 @@ def rows() -> list[Row]:
             "every condition within its floor in each arm (control, 64-token chunks, CUDA graphs)",
             lambda r: _arm_verdicts(r, r["variants"][0], {"pass", "warn", "inconclusive"})
             + [p for arm in r["variants"][1:] for p in _arm_verdicts(r, arm, {"pass", "warn"})]
-            + [p for arm in r["variants"] for p in _on_path(r, arm)]),
+            + _every_on_path(r)),
         Row("inv-ab", "invariance", "invariance-tiny-gpu", ab, "fixed within the floor of stock under every condition",
             lambda r: _arm_verdicts(r, "fixed", {"pass", "warn"}) + _on_path(r, "stock") + _on_path(r, "fixed")),
         Row("inv-mla-fixed", "invariance", "invariance-tiny-mla-gpu", (),
             "every condition within its floor (control, 64-token chunks: its batch floor moves, inconclusive)",
             lambda r: [p for arm in r["variants"][1:] for p in _arm_verdicts(r, arm, {"pass", "warn", "inconclusive"})]
-            + [p for arm in r["variants"] for p in _on_path(r, arm)]),
+            + _every_on_path(r)),
         Row("inv-mla-ab", "invariance", "invariance-tiny-mla-gpu", ("--compare", "stock,fixed,split_lse_merge"),
             "stock and fixed within their floors under every condition; split_lse_merge reported (docs/mutants.md)",
             lambda r: _arm_verdicts(r, "stock", {"pass", "warn", "inconclusive"})
-            + _arm_verdicts(r, "fixed", {"pass", "warn"}) + [p for arm in r["variants"] for p in _on_path(r, arm)]),
+            + _arm_verdicts(r, "fixed", {"pass", "warn"}) + _every_on_path(r)),
         Row("inv-mla-base2", "invariance", "invariance-tiny-mla-gpu", ("--compare", "fixed,split_lse_base2"),
             "split_lse_base2 (a base-2 log-sum-exp in the merge) fails its decode conditions; fixed within its floors",
             lambda r: _arm_verdicts(r, "fixed", {"pass", "warn", "inconclusive"})
-            + _arm_verdicts(r, "split_lse_base2", {"fail"}) + [p for arm in r["variants"] for p in _on_path(r, arm)]),
+            + _arm_verdicts(r, "split_lse_base2", {"fail"}) + _every_on_path(r)),
         Row("inv-mutants", "invariance", "invariance-tiny-gpu",
             ("--compare", "fixed,chunk_context_skip,batch_row_shift,softmax_scale_drift"),
             "the mutants this fixture reaches under every condition: chunk_context_skip fails; batch_row_shift moves "
@@ -152,7 +154,7 @@ def rows() -> list[Row]:
             + _arm_verdicts(r, "chunk_context_skip", {"fail"})
             + _arm_verdicts(r, "batch_row_shift", {"fail", "inconclusive"})
             + _arm_verdicts(r, "softmax_scale_drift", {"pass", "warn"})
-            + [p for arm in r["variants"] for p in _on_path(r, arm)]),
+            + _every_on_path(r)),
         Row("inv-mla-mutants", "invariance", "invariance-tiny-mla-gpu",
             ("--compare", "fixed,batch_row_shift,softmax_scale_drift"),
             "batch_row_shift moves its own floors (inconclusive), fails or dies (wrong pages); "
