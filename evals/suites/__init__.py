@@ -17,6 +17,7 @@ _MODULES = (
     "evals.suites.wer",
     "evals.suites.drift",
     "evals.suites.invariance",
+    "evals.suites.recall",
 )
 
 

@@ -1,0 +1,122 @@
+"""The recall fixture's prompts put the key where asked, the sweep puts it on every cut, and
+the report counts misreads per position and arm; the paired judgement comes from the accuracy kind."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from evals.fixtures import retrieval_data as data
+from evals.kinds.accuracy import KIND as ACCURACY
+from evals.recall_positions import Cuts, last_position, misreads, plan, split_cuts, table
+from evals.suites import get
+from evals.suites.recall import RecallConfig, items, recall_prompt, score
+from evals.verdict import judge_ab
+
+
+def test_the_tokenizer_reads_each_word_as_one_token_with_no_bos() -> None:
+    tokenizer = data.build_tokenizer()
+    recall = data.prompt(300, 123, seed=5)
+    ids = tokenizer(recall.text)["input_ids"]  # type: ignore[operator]
+    assert ids == data.token_ids(recall.words) and len(ids) == 300
+    assert tokenizer.decode(data.token_ids(recall.answer[:-1])) == " ".join(recall.answer[:-1])  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("length", "position"), [(7, 1), (64, 15), (64, 16), (481, 474), (8192, 4095), (8192, 4096)])
+def test_the_answer_is_copied_from_exactly_the_asked_position(length: int, position: int) -> None:
+    recall = data.prompt(length, min(position, last_position(length)), seed=position)
+    at = recall.position
+    assert len(recall.words) == length and recall.words[-2:] == [data.QUERY, recall.words[at - 1]]
+    assert recall.words[at : at + data.ANSWER_WORDS] == recall.answer[: data.ANSWER_WORDS]
+    assert recall.answer[-1] == data.EOS
+    symbols = [w for w in recall.words[:-2] if w in data.SYMBOLS]
+    assert len(symbols) == len(set(symbols))  # each answer word occurs once before the query: one key to read
+    assert recall.words.count(recall.words[at - 1]) == 2  # the key, and the query
+
+
+def test_a_needle_that_cannot_fit_is_refused_with_the_bounds() -> None:
+    with pytest.raises(ValueError, match="length - 6"):
+        data.prompt(64, 59, seed=0)
+    with pytest.raises(ValueError, match="length >= 7"):
+        data.prompt(6, 1, seed=0)
+
+
+def test_training_rows_mark_only_the_answers() -> None:
+    words, mask = data.training_sequence(random.Random(0), 200, 3)
+    marked = [w for w, m in zip(words, mask, strict=True) if m]
+    assert len(marked) == 3 * data.LINE_WORDS and marked.count(data.EOS) == 3
+    assert all(words[i - 2] == data.QUERY for i, m in enumerate(mask) if m and words[i - 1] in data.SYMBOLS
+               and words[i - 2] == data.QUERY)  # fmt: skip
+
+
+def test_split_cuts_are_the_token_balanced_pieces() -> None:
+    # 1,000 keys in 64-key tiles: 16 tiles, 3 pieces of 6, 5, 5 tiles
+    assert split_cuts(1000, 3, 64) == [6 * 64, 11 * 64]
+    assert split_cuts(100, 8, 64) == []  # fewer tiles than pieces: no split
+
+
+def test_the_sweep_puts_the_key_on_both_sides_of_every_kind_of_cut() -> None:
+    cuts = Cuts(tiles=(16, 32, 64), pages=(16, 480), splits=(2, 4), chunks=(2048,))
+    found = plan([8192], cuts, per_kind=3, repeats=3)
+    positions = {item.position for item in found}
+    for size in (16, 32, 64, 480, 2048):
+        assert {size - 1, size} <= positions  # the first cut of each size, both sides
+        last = (last_position(8192) // size) * size
+        assert {last - 1, last} <= positions  # and the last inside the prompt
+    assert {4095, 4096} <= positions  # the two-piece split of 8,192 keys
+    assert {1, last_position(8192)} <= positions
+    by_position = {item.position: item.cuts for item in found}
+    assert "first of page480" in by_position[480] and "last of tile64" in by_position[4095]
+    assert all(sum(1 for i in found if i.position == p) == 3 for p in positions)
+
+
+def test_items_leave_out_lengths_past_the_servers_context() -> None:
+    config = RecallConfig(lengths=[7, 64, 2048], per_kind=1, repeats=1)
+    assert {item.length for item in items(config, 2048)} == {7, 64}
+    assert len(items(config.model_copy(update={"limit": 2}), 4096)) == 2
+
+
+def _samples(wrong_at: dict[tuple[int, int], int], repeats: int = 3) -> dict[str, object]:
+    """Stored samples of a sweep at 64 and 8,192 words where `wrong_at[(length, position)]` prompts misread."""
+    config = RecallConfig(lengths=[64, 8192], tiles=[64], pages=[], splits=[2], chunks=[], per_kind=1, repeats=repeats)
+    found = {}
+    for item in items(config, 10**6):
+        recall = recall_prompt(item, 0)
+        values = data.token_ids(recall.answer[: data.ANSWER_WORDS])
+        if item.repeat < wrong_at.get((item.length, item.position), 0):
+            values = [values[0], values[0], *values[2:]]  # the second answer word misread
+        found[item.key] = score(item, recall, values)
+    return found
+
+
+def test_the_report_names_each_misread_position_per_arm() -> None:
+    control = _samples({})
+    mutant = _samples({(8192, 4095): 3, (8192, 4096): 1})
+    rows = {arm: [s.data["recall"] for s in samples.values()] for arm, samples in  # type: ignore[attr-defined]
+            {"fixed": control, "split_lse_merge": mutant}.items()}  # fmt: skip
+    counted = misreads(rows["split_lse_merge"])
+    assert counted[(8192, 4095)].sentence() == "key 4,095 of 8,192 misread in 3 of 3 prompts"
+    assert counted[(8192, 4096)].wrong == 1 and counted[(64, 1)].wrong == 0
+    printed = table(rows)
+    assert "| 8,192 | 4,095 |" in printed and "| 0/3 | 3/3 |" in printed
+    assert "| 64 |" not in printed  # positions no arm misread stay out
+    assert "split_lse_merge: 2 of" in printed and "first: key 4,095 of 8,192 misread in 3 of 3 prompts" in printed
+    assert "fixed: 0 of" in printed
+    first_wrong = {s.data["recall"]["first_wrong"] for s in mutant.values()}  # type: ignore[attr-defined]
+    assert first_wrong == {None, 1}  # the answer word that went wrong: the one reading position + 1
+
+
+def test_paired_judgement_fails_a_mutant_that_misreads_keys_and_passes_the_control() -> None:
+    control = ACCURACY.scores(_samples({}), "recall")  # type: ignore[arg-type]
+    mutant = ACCURACY.scores(_samples({(8192, 4095): 3, (8192, 4096): 3, (8192, 1): 3}), "recall")  # type: ignore[arg-type]
+    same = ACCURACY.scores(_samples({}), "recall")  # type: ignore[arg-type]
+    failed = judge_ab("recall", "recall", ACCURACY.judge, control, mutant, control_label="fixed")
+    assert failed.verdict == "fail" and "9 right->wrong, 0 wrong->right" in failed.explanation
+    assert judge_ab("recall", "recall", ACCURACY.judge, control, same, control_label="fixed").verdict != "fail"
+
+
+def test_the_suite_is_registered_with_an_accuracy_metric() -> None:
+    definition = get("recall")
+    assert definition.metric_names() == ("recall",) and definition.kind_of("recall") is ACCURACY
+    assert not definition.compares_outputs  # arms are paired by the accuracy kind, item by item
