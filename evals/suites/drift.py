@@ -31,13 +31,14 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from pydantic import Field
 
 from evals import fixtures
 from evals.drift_verdict import DEFAULT_DLOGPROB_MARGIN, DEFAULT_KL_MARGIN, kl_value
+from evals.fixtures import retrieval_data
 from evals.kinds.drift import KIND as DRIFT
 from evals.kinds.drift import NOT_FINITE
 from evals.logprob_drift import ArmOutput, PromptDrift, compare, pack, unpack
@@ -57,9 +58,18 @@ METRIC = "kl"
 
 
 class DriftConfig(SuiteConfig):
-    """`limit` GSM8k prompts (from local JSONL files) plus the edge-length prompts."""
+    """`limit` prompts of the `source` plus the edge-length prompts and the length `ladder`.
+
+    `source` "gsm8k": few-shot GSM8k prompts from local JSONL files, and each `ladder` length (in
+    tokens) one prompt of the GSM8k prompts' tokens run on to that length. "recall": the
+    retrieval fixture's associative-recall prompts (`evals.fixtures.retrieval_data`, a model with
+    its word-level tokenizer), `limit` of them over the `ladder` lengths in turn, needles spread
+    over each prompt. Ladder lengths past the model's context are left out.
+    """
 
     limit: int | None = Field(32, ge=1)
+    source: Literal["gsm8k", "recall"] = "gsm8k"
+    ladder: list[int] = Field(default_factory=list)
     questions_file: Path = Path("fixture:gsm8k-test.jsonl")
     fewshot_file: Path = Path("fixture:gsm8k-fewshot.jsonl")
     num_fewshot: int = Field(5, ge=0)
@@ -100,6 +110,32 @@ def _gsm8k_texts(config: DriftConfig) -> list[tuple[str, str]]:
     return [(f"gsm8k-{i:04d}", f"{head}Question: {item['question']}\nAnswer:") for i, item in enumerate(items)]
 
 
+def recall_texts(config: DriftConfig) -> list[tuple[str, str]]:
+    """`limit` recall prompts (at least one a ladder length), lengths taken in turn, each needle at
+    a seeded place between the prompt's start and end."""
+    lengths = sorted(n for n in config.ladder if n >= retrieval_data.MIN_LENGTH)
+    if not lengths:
+        raise ValueError(f"drift: source recall needs ladder lengths of at least {retrieval_data.MIN_LENGTH} tokens")
+    rng = random.Random(config.floor_seed)
+    found = []
+    for i in range(max(config.limit or 0, len(lengths))):
+        length = lengths[i % len(lengths)]
+        position = rng.randint(1, length - retrieval_data.ANSWER_WORDS - 2)
+        recall = retrieval_data.prompt(length, position, seed=rng.getrandbits(32))
+        found.append((f"recall-{length:05d}-{i:03d}", recall.text))
+    return found
+
+
+def source_texts(config: DriftConfig) -> list[tuple[str, str]]:
+    """(key, text) of each prompt of the configured source."""
+    return recall_texts(config) if config.source == "recall" else _gsm8k_texts(config)
+
+
+def run_on(ids: Sequence[int], length: int) -> list[int]:
+    """`ids` repeated until `length` tokens: a ladder prompt made of a source's own tokens."""
+    return [ids[i % len(ids)] for i in range(length)] if ids else []
+
+
 def common_prefix(sequences: Sequence[Sequence[int]]) -> int:
     """How many leading tokens all `sequences` share."""
     if not sequences:
@@ -128,15 +164,18 @@ def edge_lengths(block_size: int, max_tokens: int, max_len: int) -> dict[str, in
     return {key: n for key, n in lengths.items() if fits(n, max_tokens, max_len)}
 
 
-async def _prompts(client: Client, config: DriftConfig) -> list[Prompt]:
-    """The GSM8k prompts and the edge lengths; each knows how many leading tokens all share (the
-    header's tokens, as the server splits them, that every prompt starts with)."""
-    texts = _gsm8k_texts(config)
-    head_ids, _ = await client.tokenize(_head(config))
+async def source_prompts(client: Client, config: DriftConfig) -> tuple[list[Prompt], int]:
+    """The source's prompts, tokenized by the server, and (GSM8k) the ladder's run-on prompts;
+    each knows how many leading tokens all share (the few-shot header's, as the server splits
+    them). Also the server's context length (0: not reported)."""
+    texts = source_texts(config)
+    head_ids = (await client.tokenize(_head(config)))[0] if config.source == "gsm8k" else []
     ids_of: list[tuple[str, str, list[int]]] = []
     max_len = 0
     for key, text in texts:
         ids, max_len = await client.tokenize(text)
+        if max_len and not fits(len(ids), config.max_tokens, max_len) and config.source == "recall":
+            continue  # a ladder length past the model's context
         if max_len and not fits(len(ids), config.max_tokens, max_len):
             raise ValueError(
                 f"drift: prompt {key} has {len(ids)} tokens; with max_tokens {config.max_tokens} the teacher-forced "
@@ -145,6 +184,19 @@ async def _prompts(client: Client, config: DriftConfig) -> list[Prompt]:
         ids_of.append((key, text, ids))
     shared = common_prefix([head_ids, *(ids for _key, _text, ids in ids_of)])
     prompts = [Prompt(key, text, ids, shared) for key, text, ids in ids_of]
+    if config.source == "gsm8k":
+        every = [token for p in prompts for token in p.ids]
+        for length in sorted(set(config.ladder)):
+            if not max_len or fits(length, config.max_tokens, max_len):
+                text = f"<{length} tokens of the GSM8k prompts>"
+                prompts.append(Prompt(f"ladder-{length:05d}", text, run_on(every, length), min(shared, length)))
+    return prompts, max_len
+
+
+async def _prompts(client: Client, config: DriftConfig) -> list[Prompt]:
+    """The source's prompts, the ladder and the edge lengths (`source_prompts`)."""
+    prompts, max_len = await source_prompts(client, config)
+    shared = prompts[0].shared if prompts else 0
     if config.edge_lengths and prompts:
         block = await client.block_size()
         filler = [token for p in prompts for token in p.ids]

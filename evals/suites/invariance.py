@@ -36,6 +36,7 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,7 +50,7 @@ from evals.invariance_conditions import Asker, EngineFacts, PromptRun, batch, en
 from evals.kinds.drift import NOT_FINITE
 from evals.kinds.invariance import KIND as INVARIANCE
 from evals.suites.base import MetricSpec, MetricValue, Sample, SuiteConfig, SuiteContext, SuiteDefinition, SuiteOutcome
-from evals.suites.drift import DriftConfig, Prompt, _gsm8k_texts
+from evals.suites.drift import DriftConfig, Prompt, source_prompts
 from evals.suites.logprob_client import Client
 
 NAME = "invariance"
@@ -65,6 +66,8 @@ class InvarianceConfig(SuiteConfig):
     changes more than attention (CUDA graphs compile the model) moves decode logprobs honestly."""
 
     limit: int | None = Field(16, ge=1)
+    source: Literal["gsm8k", "recall"] = "gsm8k"  # as the drift suite's (DriftConfig)
+    ladder: list[int] = Field(default_factory=list)
     questions_file: Path = Path("fixture:gsm8k-test.jsonl")
     fewshot_file: Path = Path("fixture:gsm8k-fewshot.jsonl")
     num_fewshot: int = Field(5, ge=0)
@@ -147,9 +150,10 @@ async def _run(context: SuiteContext) -> tuple[list[Sample], int]:
     limits = httpx.Limits(max_connections=width, max_keepalive_connections=width)
     async with httpx.AsyncClient(timeout=config.request_timeout_s, limits=limits) as http:
         client = Client(context, http)
-        source = DriftConfig(limit=config.limit, questions_file=config.questions_file,
-                             fewshot_file=config.fewshot_file, num_fewshot=config.num_fewshot)  # fmt: skip
-        prompts = [Prompt(key, text, (await client.tokenize(text))[0], 0) for key, text in _gsm8k_texts(source)]
+        source = DriftConfig(limit=config.limit, source=config.source, ladder=config.ladder,
+                             questions_file=config.questions_file, fewshot_file=config.fewshot_file,
+                             num_fewshot=config.num_fewshot, max_tokens=config.max_tokens)  # fmt: skip
+        prompts = [replace(p, shared=0) for p in (await source_prompts(client, source))[0]]
         stored = {key: s.data for key, s in context.reference_samples.items() if "teacher" in s.data}
         missing = [p.key for p in prompts if p.key not in stored]
         if stored and missing:

@@ -5,7 +5,10 @@ launcher, suites, scoring and store); the table printed at the end is read back 
 service's API, and each row is checked against what the gate must show. Run it through
 `scripts/gpu/gate_e2e.sh`, which sets up vLLM and kvcanary's dependencies first.
 
-    python scripts/gpu/gate_e2e.py --out OUT [--rows gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,mutants]
+    python scripts/gpu/gate_e2e.py --out OUT [--rows gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,recall,mutants]
+
+The `recall` group runs the recall sweep (docs/recall.md) on both retrieval fixtures for fixed, stock and
+every mutant that reaches each, and prints every arm's per-position table after the gate's table.
 
 The `mutants` group runs `kvcanary mutants --url` for each GPU fixture (its profile with the drift
 and GSM8k suites): fixed and every mutant of kernels.mutants as the arms of one run, and prints the matrix as
@@ -185,6 +188,60 @@ def rows() -> list[Row]:
     ]  # fmt: skip
 
 
+# The mutants whose condition each recall fixture reaches (kernels.mutants: `served`). The Llama's
+# 16k prompts pass the unified kernel's split-KV threshold, so the merge mutants reach it there too.
+RECALL_LLAMA_MUTANTS = ("chunk_context_skip", "batch_row_shift", "split_lse_merge", "split_lse_base2",
+                        "softmax_scale_drift")  # fmt: skip
+RECALL_MLA_MUTANTS = ("batch_row_shift", "split_lse_merge", "split_lse_base2", "softmax_scale_drift")
+
+
+def _recall_controls(run: dict[str, Any]) -> list[str]:
+    """The recall sweep's control arms: the run ends (no harness error), fixed and stock both judged
+    and neither fails (stock is paired with fixed), every arm's receipts as its kind says."""
+    problems = [] if run["status"] in ("passed", "failed") else [f"run is {run['status']}: {run['error'] or ''}"]
+    return problems + _arm_verdicts(run, "stock", {"pass", "inconclusive"}) + _every_on_path(run)
+
+
+def recall_rows() -> list[Row]:
+    """The recall sweep (docs/recall.md) for fixed (the control), stock and every mutant that reaches each
+    fixture; the per-position table of every arm is printed after the gate's table."""
+    high = ("--canary", "high_block_ids")
+    return [
+        Row("recall-ab", "recall", "recall-tiny-gpu", ("--compare", ",".join(("fixed", "stock", *RECALL_LLAMA_MUTANTS))),
+            "stock within fixed (paired); each mutant that misreads a key fails at the positions it fires",
+            _recall_controls),
+        Row("recall-mla-ab", "recall", "recall-tiny-mla-gpu",
+            ("--compare", ",".join(("fixed", "stock", *RECALL_MLA_MUTANTS))),
+            "stock within fixed (paired); each mutant that misreads a key fails at the positions it fires",
+            _recall_controls),
+        Row("recall-mla-legacy", "recall", "recall-tiny-mla-gpu", ("--compare", "fixed,page_offset_i32", *high),
+            "page_offset_i32 (int32 page offsets past page 7,767) misreads keys and fails, or dies with a CUDA error",
+            lambda r: _broken(r, "page_offset_i32") + _arm_verdicts(r, "fixed", {"no_baseline", "pass"})),
+    ]  # fmt: skip
+
+
+def recall_tables(url: str, token: str, results: Sequence[tuple[Row, dict[str, Any], float | None, list[str]]]) -> str:
+    """Each recall run's per-position table (evals.recall_positions.table), from its stored samples."""
+    from evals.recall_positions import table as positions
+
+    printed = []
+    headers = {"Authorization": f"Bearer {token}"}
+    for row, run, _seconds, _problems in results:
+        if row.group != "recall":
+            continue
+        arms: dict[str, list[dict[str, Any]]] = {}
+        for arm in run["variants"]:
+            offset, total = 0, 1
+            while offset < total:
+                page = httpx.get(f"{url}/api/v1/runs/{run['id']}/samples", headers=headers, timeout=60,
+                                 params={"suite": "recall", "arm": arm, "offset": offset, "limit": 500})  # fmt: skip
+                found = page.raise_for_status().json()
+                arms.setdefault(arm, []).extend(s["data"]["recall"] for s in found["items"] if "recall" in s["data"])
+                offset, total = offset + len(found["items"]) or total, found["total"]
+        printed.append(f"### recall sweep, run {run['id']} {row.key} ({row.profile})\n\n{positions(arms)}")
+    return "\n\n".join(printed)
+
+
 # The GPU fixtures whose mutation matrix the `mutants` group measures: (name, its profiles).
 MUTANT_FIXTURES = (
     ("triton-attn-llama", ("mutants-tiny-gpu",)),
@@ -296,7 +353,7 @@ def main() -> int:
     parser.add_argument(
         "--rows",
         default="gsm8k,whisper,mla,legacy",
-        help="groups (gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,mutants) or row keys, run in this order",
+        help="groups (gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,recall,mutants) or row keys, run in this order",
     )
     parser.add_argument("--port", type=int, default=8077)
     parser.add_argument("--mutants", default="", help="with the mutants group: only these mutants (comma list)")
@@ -309,7 +366,8 @@ def main() -> int:
     asked = args.rows.split(",")
     groups = set(asked)
     # In the order asked, so that what matters most runs first under a host's time limit.
-    selected = list({row.key: row for item in asked for row in rows() if item in (row.group, row.key)}.values())
+    every = [*rows(), *recall_rows()]
+    selected = list({row.key: row for item in asked for row in every if item in (row.group, row.key)}.values())
     matrices: list[tuple[str, int, float, str]] = []
     args.out.mkdir(parents=True, exist_ok=True)
     data_dir = args.out / "data"
@@ -357,6 +415,9 @@ def main() -> int:
             "| decode \\|Δ logprob\\| over the floor [90% CI] | first divergence | seconds |"
         )
         printed += f"\n\n{head}\n|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(per_condition)
+    recall = recall_tables(url, token, results) if any(row.group == "recall" for row, *_ in results) else ""
+    if recall:
+        printed += f"\n\n{recall}"
     for fixture, code, seconds, matrix in matrices:
         printed += f"\n\n### mutants, {fixture} (kvcanary mutants exit {code}, {seconds / 60:.1f} min)\n\n{matrix}"
     print(printed)

@@ -43,11 +43,17 @@ def test_a_needle_that_cannot_fit_is_refused_with_the_bounds() -> None:
 
 
 def test_training_rows_mark_only_the_answers() -> None:
-    words, mask = data.training_sequence(random.Random(0), 200, 3)
+    words, mask = data.training_sequence(random.Random(0), 200)
     marked = [w for w, m in zip(words, mask, strict=True) if m]
-    assert len(marked) == 3 * data.LINE_WORDS and marked.count(data.EOS) == 3
-    assert all(words[i - 2] == data.QUERY for i, m in enumerate(mask) if m and words[i - 1] in data.SYMBOLS
-               and words[i - 2] == data.QUERY)  # fmt: skip
+    queries = words.count(data.QUERY)
+    assert queries >= 1 and len(marked) == queries * data.LINE_WORDS and marked.count(data.EOS) == queries
+    for i, word in enumerate(words):
+        if word == data.QUERY:  # the key, then its needle's values copied, then EOS
+            key = words[i + 1]
+            line = words[words.index(key) : words.index(key) + data.LINE_WORDS]
+            assert (
+                words[i + 1 : i + 1 + data.LINE_WORDS] == line and mask[i + 2 : i + 2 + data.LINE_WORDS] == [True] * 5
+            )
 
 
 def test_split_cuts_are_the_token_balanced_pieces() -> None:
