@@ -5,7 +5,8 @@ launcher, suites, scoring and store); the table printed at the end is read back 
 service's API, and each row is checked against what the gate must show. Run it through
 `scripts/gpu/gate_e2e.sh`, which sets up vLLM and kvcanary's dependencies first.
 
-    python scripts/gpu/gate_e2e.py --out OUT [--rows gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,recall,mutants]
+    python scripts/gpu/gate_e2e.py --out OUT \\
+        [--rows gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,recall,mutants]
 
 The `recall` group runs the recall sweep (docs/recall.md) on both retrieval fixtures for fixed, stock and
 every mutant that reaches each, and prints every arm's per-position table after the gate's table.
@@ -207,7 +208,8 @@ def recall_rows() -> list[Row]:
     fixture; the per-position table of every arm is printed after the gate's table."""
     high = ("--canary", "high_block_ids")
     return [
-        Row("recall-ab", "recall", "recall-tiny-gpu", ("--compare", ",".join(("fixed", "stock", *RECALL_LLAMA_MUTANTS))),
+        Row("recall-ab", "recall", "recall-tiny-gpu",
+            ("--compare", ",".join(("fixed", "stock", *RECALL_LLAMA_MUTANTS))),
             "stock within fixed (paired); each mutant that misreads a key fails at the positions it fires",
             _recall_controls),
         Row("recall-mla-ab", "recall", "recall-tiny-mla-gpu",
@@ -353,7 +355,7 @@ def main() -> int:
     parser.add_argument(
         "--rows",
         default="gsm8k,whisper,mla,legacy",
-        help="groups (gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,recall,mutants) or row keys, run in this order",
+        help="groups (gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,recall,mutants) or row keys, in this order",
     )
     parser.add_argument("--port", type=int, default=8077)
     parser.add_argument("--mutants", default="", help="with the mutants group: only these mutants (comma list)")
