@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from evals.fixtures.retrieval_data import ANSWER_WORDS, MIN_LENGTH
+from evals.fixtures.retrieval_data import MIN_LENGTH, last_position
 
 
 @dataclass(frozen=True)
@@ -42,11 +43,6 @@ class Item:
     @property
     def key(self) -> str:
         return f"L{self.length:05d}-P{self.position:05d}-r{self.repeat}"
-
-
-def last_position(length: int) -> int:
-    """The last KV position a needle's first value can take in a `length`-word prompt."""
-    return length - ANSWER_WORDS - 2
 
 
 def _pick(found: Sequence[int], per_kind: int) -> list[int]:
@@ -75,7 +71,7 @@ def _regular(cuts: Cuts) -> list[tuple[str, int]]:
 
 def cuts_in(length: int, cuts: Cuts, per_kind: int) -> dict[str, list[int]]:
     """Each cut kind (`tile32`, `page480`, `split4/tile16`, `chunk2048`) -> the cuts `b` (first
-    key after the cut) it places in a `length`-word prompt, with `b - 1 >= 1` and `b <= last`."""
+    key after the cut) it places in a `length`-word prompt, with `b <= last`."""
     last = last_position(length)
     found: dict[str, list[int]] = {}
     for kind, size in _regular(cuts):
@@ -84,7 +80,7 @@ def cuts_in(length: int, cuts: Cuts, per_kind: int) -> dict[str, list[int]]:
             found[f"{kind}{size}"] = _pick(at, per_kind)
     for pieces in cuts.splits:
         for tile in cuts.tiles:
-            at = [b for b in split_cuts(length, pieces, tile) if 2 <= b <= last]
+            at = [b for b in split_cuts(length, pieces, tile) if 1 <= b <= last]
             if at:
                 found[f"split{pieces}/tile{tile}"] = _pick(at, per_kind)
     return found
@@ -105,7 +101,7 @@ def plan(lengths: Sequence[int], cuts: Cuts, per_kind: int, repeats: int) -> lis
         if length < MIN_LENGTH:
             raise ValueError(f"recall sweep: length {length} is shorter than the shortest recall prompt ({MIN_LENGTH})")
         named: dict[int, set[str]] = {}
-        named.setdefault(1, set()).add("first key")
+        named.setdefault(0, set()).add("first key")
         named.setdefault(last_position(length), set()).add("last key")
         for kind, at in cuts_in(length, cuts, per_kind).items():
             for b in at:
@@ -131,21 +127,21 @@ class Misread:
         return f"key {self.position:,} of {self.length:,} misread in {self.wrong} of {self.prompts} prompts"
 
 
-def misreads(rows: Sequence[Mapping[str, object]]) -> dict[tuple[int, int], Misread]:
+def misreads(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[int, int], Misread]:
     """Per (length, position): the stored rows' `data["recall"]` ({length, position, cuts,
     first_wrong}) counted; a row whose request failed counts as a misread."""
-    grouped: dict[tuple[int, int], list[Mapping[str, object]]] = {}
+    grouped: dict[tuple[int, int], list[Mapping[str, Any]]] = {}
     for row in rows:
-        grouped.setdefault((int(row["length"]), int(row["position"])), []).append(row)  # type: ignore[call-overload]
+        grouped.setdefault((int(row["length"]), int(row["position"])), []).append(row)
     found = {}
     for (length, position), group in sorted(grouped.items()):
         wrong = sum(1 for r in group if r.get("first_wrong") is not None)
-        cuts = tuple(group[0].get("cuts") or ())  # type: ignore[call-overload]
+        cuts = tuple(group[0].get("cuts") or ())
         found[(length, position)] = Misread(length, position, wrong, len(group), cuts)
     return found
 
 
-def table(arms: Mapping[str, Sequence[Mapping[str, object]]], everything: bool = False) -> str:
+def table(arms: Mapping[str, Sequence[Mapping[str, Any]]], everything: bool = False) -> str:
     """The per-position table in Markdown, one column per arm ("wrong/prompts"): the positions
     some arm misread (`everything`: all), then a line per arm with its misread positions."""
     counted = {arm: misreads(rows) for arm, rows in arms.items()}

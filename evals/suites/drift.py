@@ -120,7 +120,7 @@ def recall_texts(config: DriftConfig) -> list[tuple[str, str]]:
     found = []
     for i in range(max(config.limit or 0, len(lengths))):
         length = lengths[i % len(lengths)]
-        position = rng.randint(1, length - retrieval_data.ANSWER_WORDS - 2)
+        position = rng.randint(0, retrieval_data.last_position(length))
         recall = retrieval_data.prompt(length, position, seed=rng.getrandbits(32))
         found.append((f"recall-{length:05d}-{i:03d}", recall.text))
     return found

@@ -4,7 +4,7 @@ It serves the retrieval fixture (`evals.fixtures.retrieval_model`) associative-r
 whose answer must be copied from one KV position, placed on every cut kernels make (tiles,
 pages, split-KV pieces, prefill chunks; `evals.recall_positions`) at every length of a ladder up
 to the model's context, sent `concurrency` at a time in a shuffled order so that batches mix
-lengths. An item is right when the greedy answer is the needle's values, word for word; the
+lengths. An item is right when the greedy answer is the needle's symbols, word for word; the
 metric `recall` is accuracy (`evals.kinds.accuracy`), so an A/B run pairs each arm with the
 control arm item by item (exact McNemar) and a mutant that loses or misreads one key fails
 where it fires. Each sample keeps its length, position, cuts and the first answer word that went
@@ -27,8 +27,9 @@ from pydantic import Field
 
 from evals import retry
 from evals.fixtures import retrieval_data
+from evals.fixtures.retrieval_data import last_position
 from evals.kinds.accuracy import KIND as ACCURACY
-from evals.recall_positions import Cuts, Item, last_position, misreads, plan
+from evals.recall_positions import Cuts, Item, misreads, plan
 from evals.suites.base import (
     MetricSpec,
     MetricValue,
@@ -50,7 +51,7 @@ class RecallConfig(SuiteConfig):
     """The ladder of prompt lengths (words = tokens; lengths past the server's context are left
     out), the cut sizes, how many cuts of each kind per length, and prompts per position."""
 
-    lengths: list[int] = Field(default_factory=lambda: [7, 16, 17, 64, 65, 481, 1024, 2048, 4096, 8192, 16384])
+    lengths: list[int] = Field(default_factory=lambda: [5, 16, 17, 64, 65, 481, 1024, 2048, 4096, 8192, 16384])
     tiles: list[int] = Field(default_factory=lambda: [16, 32, 64])
     pages: list[int] = Field(default_factory=lambda: [16, 480])
     splits: list[int] = Field(default_factory=lambda: [2, 3, 4, 8])
@@ -82,7 +83,7 @@ def _hash(text: str) -> str:
 
 
 def score(item: Item, recall: retrieval_data.Recall, generated: list[int]) -> Sample:
-    """The item's sample: right when the first answer words are the needle's values; `first_wrong`
+    """The item's sample: right when the answer words are the needle's symbols; `first_wrong`
     is the answer word (reading KV position `position + first_wrong`) that went wrong first."""
     values = retrieval_data.token_ids(recall.answer[: retrieval_data.ANSWER_WORDS])
     first_wrong = next((i for i, v in enumerate(values) if i >= len(generated) or generated[i] != v), None)
