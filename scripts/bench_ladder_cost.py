@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from evals import fixtures
 from evals.suites import drift
 from evals.suites.base import SuiteContext
 from service.engine import Engine
@@ -44,7 +45,8 @@ def main() -> None:
     parser.add_argument("--ladder", default="64,128", help="ladder lengths in tokens (comma list)")
     parser.add_argument("--tokens", type=int, default=2, help="generated tokens a prompt")
     args = parser.parse_args()
-    profile = load_profile(PACKAGED_PROFILES / f"{PROFILE}.yaml")
+    shipped_profile = load_profile(PACKAGED_PROFILES / f"{PROFILE}.yaml")
+    profile = shipped_profile.model_copy(update={"model": fixtures.resolve(shipped_profile.model)})
     shipped = profile.suite_configs()["drift"]
     assert isinstance(shipped, drift.DriftConfig)
     base = shipped.model_copy(update={"max_tokens": args.tokens})
