@@ -250,13 +250,15 @@ def recall_tables(url: str, token: str, results: Sequence[tuple[Row, dict[str, A
             continue
         arms: dict[str, list[dict[str, Any]]] = {}
         for arm in run["variants"]:
-            offset, total = 0, 1
-            while offset < total:
+            offset, rows = 0, arms.setdefault(arm, [])
+            while True:
                 page = httpx.get(f"{url}/api/v1/runs/{run['id']}/samples", headers=headers, timeout=60,
                                  params={"suite": "recall", "arm": arm, "offset": offset, "limit": 500})  # fmt: skip
-                found = page.raise_for_status().json()
-                arms.setdefault(arm, []).extend(s["data"]["recall"] for s in found["items"] if "recall" in s["data"])
-                offset, total = offset + len(found["items"]) or total, found["total"]
+                found = page.raise_for_status().json()["items"]
+                rows.extend(s["data"]["recall"] for s in found if "recall" in s["data"])
+                offset += len(found)
+                if not found:
+                    break
         printed.append(f"### recall sweep, run {run['id']} {row.key} ({row.profile})\n\n{positions(arms)}")
     return "\n\n".join(printed)
 
