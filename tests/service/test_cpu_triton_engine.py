@@ -57,7 +57,6 @@ def _drift(prompts: int) -> dict[str, Any]:
         "num_fewshot": 0,
         "max_tokens": 2,
         "edge_lengths": False,
-        "ladder": [64, 120],  # four 32-key tiles: keys past the first tile reach scored positions
         "concurrency": prompts,
     }
 
