@@ -51,7 +51,7 @@ class RecallConfig(SuiteConfig):
     """The ladder of prompt lengths (words = tokens; lengths past the server's context are left
     out), the cut sizes, how many cuts of each kind per length, and prompts per position."""
 
-    lengths: list[int] = Field(default_factory=lambda: [5, 16, 17, 64, 65, 481, 1024, 2048, 4096, 8192, 16384])
+    lengths: list[int] = Field(default_factory=lambda: [13, 16, 17, 64, 65, 481, 1024, 2048, 4096, 8192, 16384])
     tiles: list[int] = Field(default_factory=lambda: [16, 32, 64])
     pages: list[int] = Field(default_factory=lambda: [16, 480])
     splits: list[int] = Field(default_factory=lambda: [2, 3, 4, 8])

@@ -46,13 +46,13 @@ def _context(engine: Engine, tmp_path: Path, config: object) -> SuiteContext:
 
 
 def test_the_fixture_retrieves_every_key_of_a_short_sweep(recall_engine: Engine, tmp_path: Path) -> None:
-    """Keys on 16/32-token tile and page cuts and two-piece split cuts, lengths 5 to 300, mixed in
+    """Keys on 16/32-token tile and page cuts and two-piece split cuts, lengths 13 to 300, mixed in
     batches of 8; a length past the engine's context is left out."""
-    config = RecallConfig(lengths=[5, 33, 64, 65, 300, 4096], tiles=[16, 32], pages=[16], splits=[2], chunks=[],
+    config = RecallConfig(lengths=[13, 33, 64, 65, 300, 4096], tiles=[16, 32], pages=[16], splits=[2], chunks=[],
                           per_kind=2, repeats=2, concurrency=8)  # fmt: skip
     outcome = recall.run(_context(recall_engine, tmp_path, config))
     rows = [s.data["recall"] for s in outcome.samples]
-    assert {r["length"] for r in rows} == {5, 33, 64, 65, 300}
+    assert {r["length"] for r in rows} == {13, 33, 64, 65, 300}
     assert {15, 16, 31, 32, 47, 48} <= {r["position"] for r in rows if r["length"] == 64}
     [metric] = outcome.metrics
     print(table({"fixed": rows}, everything=True))
