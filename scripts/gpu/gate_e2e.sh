@@ -17,7 +17,8 @@
 # kit/host/, kit/addon-fa3/, wheels/, fixtures/), installs it under /tmp, starts `kvcanary serve`,
 # submits each gate run with `kvcanary submit --wait` and prints the result table. ROWS picks
 # groups (default gsm8k,whisper,mla,legacy; also drift, invariance, aa: A/A repeats on fresh
-# engines, ab5: five fresh fixed engines against stock per drift fixture, and mutants: the mutation matrix of both GPU fixtures, docs/mutants.md; GATE_MUTANTS=a,b
+# engines, ab5: five fresh fixed engines against stock per drift fixture, recall: the recall sweep on both
+# retrieval fixtures (docs/recall.md), and mutants: the mutation matrix of both GPU fixtures, docs/mutants.md; GATE_MUTANTS=a,b
 # picks mutants, GATE_MUTANT_FIXTURES=triton-attn-llama or triton-mla-480 one fixture; tp2 needs
 # two GPUs). A trained MLA checkpoint that
 # is not in the wheel yet can be given as MLA_MODEL_DIR.
