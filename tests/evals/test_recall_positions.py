@@ -123,3 +123,15 @@ def test_the_suite_is_registered_with_an_accuracy_metric() -> None:
     definition = get("recall")
     assert definition.metric_names() == ("recall",) and definition.kind_of("recall") is ACCURACY
     assert not definition.compares_outputs  # arms are paired by the accuracy kind, item by item
+
+
+def test_the_drift_ladder_takes_recall_prompts_in_turn_and_runs_gsm8k_tokens_on() -> None:
+    from evals.suites.drift import DriftConfig, recall_texts, run_on
+
+    texts = recall_texts(DriftConfig(source="recall", ladder=[64, 3, 1024], limit=5))
+    assert [len(text.split()) for _key, text in texts] == [64, 1024, 64, 1024, 64]  # too short: left out
+    assert all(text.endswith(data.QUERY) for _key, text in texts)
+    assert len(recall_texts(DriftConfig(source="recall", ladder=[64, 128], limit=1))) == 2  # one a length at least
+    assert run_on([1, 2, 3], 7) == [1, 2, 3, 1, 2, 3, 1] and run_on([], 4) == []
+    with pytest.raises(ValueError, match="ladder lengths of at least 5"):
+        recall_texts(DriftConfig(source="recall", ladder=[4]))
