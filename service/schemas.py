@@ -16,7 +16,7 @@ from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field,
 from service.arms import describe_outcome
 from service.profile_snapshot import digest
 from service.profiles import MAX_ARMS, NAME_PATTERN, ArmSpec, Expectation, Profile, RunOverrides
-from service.text import storable, text_problem
+from service.text import INT64_MAX, storable, text_problem
 
 if TYPE_CHECKING:  # the client parses these documents without the server's database layer
     from service.db.models import Run, SuiteResult
@@ -26,7 +26,6 @@ LABEL_KEY = r"^[a-z][a-z0-9_.-]{0,63}$"
 MAX_LABELS = 20
 MAX_LABEL_VALUE = 512
 MAX_LABEL_FILTERS = MAX_LABELS
-INT64_MAX = 2**63 - 1  # ids, offsets and JSON integers past this cannot be stored
 
 T = TypeVar("T")
 
