@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service import access_log, baselines, dashboard
+from service import access_log, baselines, dashboard, engine_bounds
 from service.alerting.watcher import AlertWatcher
 from service.api import catalog, compare, docs, errors, mutants, ops, quotas, releases, runs, schedules, tokens
 from service.api.gate import Admission, InTurn, Load, RequestGate
@@ -60,6 +60,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         settings.runs_dir().mkdir(mode=0o700, exist_ok=True)
         upgrade(url)
         profiles = configured_profiles(settings)
+        engine_bounds.read_bounds(profiles.values())  # vLLM's lists and each model's context, before the first trigger
         with session_scope(url) as session:
             baselines.seed_from_profiles(session, profiles)
         app.state.settings = settings

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata
@@ -153,6 +154,14 @@ def vllm_lists() -> VllmLists:
             source = f"vLLM {_version()}'s {path.parent.name}/{path.name}"
             return VllmLists(tuple(int(b) for b in blocks) if blocks else None, tuple(map(str, dtypes)), source)
     return VllmLists(None, None, f"vLLM {_version()} (no CacheDType list found in its source)")
+
+
+def read_bounds(profiles: Iterable[Profile]) -> None:
+    """Read vLLM's lists and the profiles' context lengths once, at service start: the first
+    trigger then does not wait for a parse of vLLM's source."""
+    vllm_lists()
+    for profile in profiles:
+        context_length(profile.model)
 
 
 def _engine_problems(profile: Profile, engine: EngineSpec) -> list[str]:

@@ -283,6 +283,16 @@ class Profile(Strict):
         return {entry.suite: entry.config() for entry in self.suites}
 
 
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY|AUTH", re.IGNORECASE)
+
+
+def secret_env(profile: Profile) -> list[str]:
+    """The `engine.env` names that look like credentials: their values are stored with every
+    run's profile snapshot (never shown through the API); the service's own environment, which
+    the engine inherits, is the place for them."""
+    return sorted(name for name in profile.engine.env if _SECRET_NAME.search(name))
+
+
 def describe(error: ValidationError) -> str:
     parts = []
     for item in error.errors():

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from service.arms import describe_outcome
-from service.profile_snapshot import digest
+from service.profile_snapshot import digest, for_readers
 from service.profiles import MAX_ARMS, NAME_PATTERN, ArmSpec, Expectation, Profile, RunOverrides
 from service.text import INT64_MAX, storable, text_problem
 
@@ -225,8 +225,9 @@ class RunDetail(RunSummary):
     )
     profile_snapshot: dict[str, Any] | None = Field(
         None,
-        description="The profile as resolved when the run was triggered (overrides in place), which it executes; "
-        "null for runs queued before snapshots were stored, which executed the profile's file",
+        description="The profile as resolved when the run was triggered (overrides in place), which it executes, "
+        "engine.env values hidden (names shown); null for runs queued before snapshots were stored, which "
+        "executed the profile's file",
     )
     engine: dict[str, Any] = Field(description="Per arm: vLLM version, models, GPU, injection receipts")
     timings: dict[str, Any]
@@ -246,7 +247,7 @@ class RunDetail(RunSummary):
             max_attempts=run.max_attempts,
             overrides=run.overrides or {},
             profile_digest=digest(run.profile_snapshot) if run.profile_snapshot is not None else None,
-            profile_snapshot=run.profile_snapshot,
+            profile_snapshot=for_readers(run.profile_snapshot) if run.profile_snapshot is not None else None,
             engine=run.engine or {},
             timings=run.timings or {},
             metrics=[MetricOut.of(r) for r in results],

@@ -62,9 +62,9 @@ class Settings(BaseSettings):
         description="Queued runs one token may have at once; past it, 429 (admins change it at /api/v1/quotas)",
     )
     max_queued_engine_loads_per_token: int = Field(
-        60, ge=1, description="Engine loads (arms x runs) one token may have queued at once; past it, 429"
+        100, ge=1, description="Engine loads (arms x runs) one token may have queued at once; past it, 429"
     )
-    max_queued_runs: int = Field(500, ge=1, description="Queued runs of all tokens together; past it, 429")
+    max_queued_runs: int = Field(1000, ge=1, description="Queued runs of all tokens together; past it, 429")
     nightly: bool = Field(False, description="Switch on the profiles' nightly schedules (a GPU host sets it)")
     scheduler_tick_s: float = Field(15.0, gt=0, description="How often the scheduler looks for due schedules")
     alert_webhooks: list[str] = Field(default_factory=list, description='Generic JSON webhooks, e.g. ["https://..."]')
