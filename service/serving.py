@@ -24,12 +24,12 @@ from service.settings import Settings
 RETRY_AFTER_S = 5
 
 
-def _answer(transport: asyncio.BaseTransport, status: str, message: str, *extra: str) -> None:
+def _answer(transport: asyncio.Transport, status: str, message: str, *extra: str) -> None:
     """A whole HTTP/1.1 answer written straight to the socket, which is then closed."""
     body = message.encode()
     head = [f"HTTP/1.1 {status}", "content-type: text/plain; charset=utf-8", *extra, "connection: close"]
     head.append(f"content-length: {len(body)}")
-    if isinstance(transport, asyncio.WriteTransport) and not transport.is_closing():
+    if not transport.is_closing():
         transport.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
     transport.close()
 
