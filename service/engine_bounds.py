@@ -92,8 +92,10 @@ def _context(config: dict[str, Any], path: Path) -> Bound | None:
     scaling = text.get("rope_scaling")
     factor = scaling.get("factor") if isinstance(scaling, dict) else None
     if isinstance(factor, int | float) and factor > 1:
-        return Bound(int(length * factor), f"{key} {length} x rope_scaling.factor {factor} in {path}")
-    return Bound(length, f"{key} in {path}")
+        return Bound(
+            int(length * factor), f"the model's context: {key} {length} x rope_scaling.factor {factor} in {path}"
+        )
+    return Bound(length, f"the model's context: {key} in {path}")
 
 
 @lru_cache(maxsize=256)
@@ -106,7 +108,7 @@ def context_length(model: str) -> Bound:
             continue
         if isinstance(config, dict) and (bound := _context(config, path)) is not None:
             return bound
-    return Bound(CEILING, f"{CEILING_SOURCE} (no config.json of {model} on this host to read its context from)")
+    return Bound(CEILING, f"{CEILING_SOURCE}; no config.json of {model} on this host to read the model's context from")
 
 
 def _literal(tree: ast.Module, name: str) -> tuple[Any, ...] | None:
@@ -169,9 +171,7 @@ def _engine_problems(profile: Profile, engine: EngineSpec) -> list[str]:
     context = context_length(profile.model)
     length = engine.max_model_len
     if length is not None and length > context.value:
-        problems.append(
-            f"max_model_len={length} is above {context.value}, the model's context length ({context.source})"
-        )
+        problems.append(f"max_model_len={length} is above {context.value} ({context.source})")
     budget = engine.max_num_batched_tokens
     if budget is not None and budget > CEILING:
         problems.append(f"max_num_batched_tokens={budget} is above {CEILING} ({CEILING_SOURCE}: tokens in one step)")
@@ -183,7 +183,7 @@ def _engine_problems(profile: Profile, engine: EngineSpec) -> list[str]:
         within = Bound(length, "the engine's max_model_len") if length is not None else context
         if engine.block_size > within.value:
             problems.append(
-                f"block_size={engine.block_size} is above {within.value}, the context ({within.source}): "
+                f"block_size={engine.block_size} is above {within.value} ({within.source}): "
                 "one KV-cache page would be larger than any sequence"
             )
     dtype = engine.kv_cache_dtype
