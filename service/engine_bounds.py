@@ -78,7 +78,10 @@ def _config_files(model: str) -> list[Path]:
         from huggingface_hub import try_to_load_from_cache
     except ImportError:
         return []
-    cached = try_to_load_from_cache(model, "config.json")
+    try:
+        cached = try_to_load_from_cache(model, "config.json")
+    except ValueError:  # not a hub id either (a folder on the engine's host only): nothing to read here
+        return []
     return [Path(cached)] if isinstance(cached, str) else []
 
 
@@ -114,15 +117,15 @@ def context_length(model: str) -> Bound:
 def _literal(tree: ast.Module, name: str) -> tuple[Any, ...] | None:
     """The values of `name = Literal[...]` at a module's top level, or None."""
     for node in tree.body:
-        target = (
-            node.target
-            if isinstance(node, ast.AnnAssign)
-            else node.targets[0]
-            if isinstance(node, ast.Assign)
-            else None
-        )
-        if isinstance(target, ast.Name) and target.id == name and isinstance(node.value, ast.Subscript):
-            items = node.value.slice.elts if isinstance(node.value.slice, ast.Tuple) else [node.value.slice]
+        target: ast.expr
+        if isinstance(node, ast.AnnAssign):
+            target, value = node.target, node.value
+        elif isinstance(node, ast.Assign):
+            target, value = node.targets[0], node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id == name and isinstance(value, ast.Subscript):
+            items = value.slice.elts if isinstance(value.slice, ast.Tuple) else [value.slice]
             values = tuple(item.value for item in items if isinstance(item, ast.Constant))
             return values or None
     return None

@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 from sqlalchemy import ColumnElement, case, func, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import InstrumentedAttribute, Session, aliased
 
 from service.db.models import Run, RunEvent, utcnow
 from service.runs.state import ACTIVE, Status, transition
@@ -75,7 +75,7 @@ def enqueue(
     return run, True
 
 
-def in_turn() -> tuple[ColumnElement[Any], ...]:
+def in_turn() -> tuple[ColumnElement[Any] | InstrumentedAttribute[int], ...]:
     """The order queued runs start in: callers take turns. The caller (`triggered_by`: a token's
     name, a schedule, the CLI) whose last run started longest ago, or never, goes first, with its
     oldest queued run; so one caller's backlog of 500 runs never holds another's next run back."""
