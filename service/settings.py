@@ -45,6 +45,26 @@ class Settings(BaseSettings):
     max_in_flight: int = Field(
         1024, gt=0, description="API requests served at once; more are answered 503 with Retry-After"
     )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A request's headers must all arrive within this; past it, 408 and the connection closes",
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="A request's body must all arrive within this after its headers; past it, 408"
+    )
+    max_connections_per_client: int = Field(
+        256, gt=0, description="Open connections one client address may hold; past it, 429 with Retry-After"
+    )
+    max_queued_runs_per_token: int = Field(
+        20,
+        ge=1,
+        description="Queued runs one token may have at once; past it, 429 (admins change it at /api/v1/quotas)",
+    )
+    max_queued_engine_loads_per_token: int = Field(
+        100, ge=1, description="Engine loads (arms x runs) one token may have queued at once; past it, 429"
+    )
+    max_queued_runs: int = Field(1000, ge=1, description="Queued runs of all tokens together; past it, 429")
     nightly: bool = Field(False, description="Switch on the profiles' nightly schedules (a GPU host sets it)")
     scheduler_tick_s: float = Field(15.0, gt=0, description="How often the scheduler looks for due schedules")
     alert_webhooks: list[str] = Field(default_factory=list, description='Generic JSON webhooks, e.g. ["https://..."]')

@@ -12,6 +12,17 @@ from __future__ import annotations
 
 from typing import Any
 
+INT64_MAX = 2**63 - 1  # ids, offsets and integers past this cannot be stored
+INT64_MIN = -INT64_MAX - 1
+
+
+def int64(text: str) -> int:
+    """An integer written in decimal, as the API takes it from JSON and from an arm's name alike;
+    ValueError for one past 64 bits (checked on its length before Python parses thousands of digits)."""
+    if len(text.lstrip("-")) > 19 or not INT64_MIN <= int(text) <= INT64_MAX:
+        raise ValueError(f"{text[:40]} is out of range for a 64-bit integer")
+    return int(text)
+
 
 def text_problem(text: str) -> str | None:
     """Why `text` cannot be stored and served as UTF-8 on both databases, or None."""

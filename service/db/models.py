@@ -69,6 +69,7 @@ class Run(Base):
         ),
         # Covers /metrics' duration histogram: a scrape reads this narrow index, not the run rows.
         Index("ix_runs_durations", "profile", "duration_s"),
+        Index("ix_runs_fair_order", "triggered_by", "started_at"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -224,6 +225,9 @@ class ScheduleFire(Base):
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"))
     skipped_reason: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # A run of fires skipped for one reason is one row: how many, and the first one's time.
+    skipped_fires: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    first_fire_time: Mapped[datetime | None] = mapped_column()
 
 
 class ApiToken(Base):
@@ -290,3 +294,14 @@ class AuditEvent(Base):
     action: Mapped[str] = mapped_column(String(32))
     target: Mapped[str] = mapped_column(String(64))
     detail: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class Quota(Base):
+    """A queue limit an admin changed through the API; without a row, the setting's value holds."""
+
+    __tablename__ = "quotas"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[int] = mapped_column(Integer)
+    changed_by: Mapped[str] = mapped_column(String(128))
+    changed_at: Mapped[datetime] = mapped_column(default=utcnow)

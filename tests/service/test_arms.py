@@ -51,7 +51,10 @@ def test_an_arm_is_named_by_its_variant_and_its_overrides_in_key_order() -> None
     arm = ArmSpec.model_validate({"variant": "fixed", "engine": {"max_num_batched_tokens": 64, "enforce_eager": False}})
     assert arm.name == "fixed,enforce_eager=false,max_num_batched_tokens=64"
     assert ArmSpec.model_validate(arm.name) == arm  # the name is also its spelling
-    assert ArmSpec.model_validate("fixed,max_num_batched_tokens=64,enforce_eager=0").name == arm.name
+    assert ArmSpec.model_validate("fixed,max_num_batched_tokens=64,enforce_eager=false").name == arm.name
+    for lenient in ("fixed,enforce_eager=0", "fixed,max_num_batched_tokens=6_4"):  # not JSON's true/false, 64
+        with pytest.raises(ValidationError):
+            ArmSpec.model_validate(lenient)
     assert ArmSpec.model_validate("stock").name == "stock" and ArmSpec(variant="legacy").stored() == {
         "name": "legacy",
         "variant": "legacy",
