@@ -17,11 +17,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from evals.drift_verdict import DEFAULT_DLOGPROB_MARGIN, DEFAULT_KL_MARGIN, MIN_PROMPTS, judge_drift, mean_interval
-from evals.logprob_drift import PromptDrift, TopK, kl_topk
+from evals.drift_verdict import (
+    DEFAULT_DLOGPROB_MARGIN,
+    DEFAULT_KL_MARGIN,
+    DEFAULT_TAIL_MARGIN,
+    MIN_PROMPTS,
+    PathOutcome,
+    deciding,
+    drift_paths,
+    judge_drift,
+    kernel_only,
+    mean_interval,
+    tails,
+)
+from evals.logprob_drift import PromptDrift, TopK, kl_topk, largest
 from evals.verdict import Baseline, MetricJudgement, Verdict
 
 
@@ -129,6 +141,7 @@ def observe(reference: Observation, candidate: Observation, since: int = 1) -> t
         argmax_agreement=_mean([float(a) for a in agree]) if agree else 1.0,
         max_abs_dlogprob=max(deltas, default=0.0),
         finite=finite,
+        top_kls=largest(kls),
     )
     return drift, len(positions)
 
@@ -167,6 +180,7 @@ class ConditionResult:
     floor_kl: float
     threshold: float
     max_kl: float | None
+    floor_max_kl: float  # the largest per-position KL of the floor's rows
     agreement: float
     violations: int
     floor_violations: int
@@ -186,17 +200,41 @@ class ConditionResult:
     # best inconclusive, as no excess over that floor can show the arm within the tolerance.
     floor_ci: tuple[float, float] | None
     unsteady_floor: bool  # the floor's interval lies past the tolerance
+    # Against the control arm (a kernel-only arm): the drift rule's paths with the control arm's same
+    # condition in place of the floor, then the tail rule against the control's largest per-position
+    # KL; `basis` says why they were not applied where they were not.
+    checks: tuple[PathOutcome, ...] = ()
+    basis: str = ""
+    decided_by: PathOutcome | None = None  # the check that decided, where one was worse than the floor rule
 
     def headline(self) -> str:
+        """The condition in one line, from the numbers that decided it."""
         label = _label(self.name)
         if self.nonfinite:
             return f"{label}: {self.nonfinite} of {self.compared} prompts have non-finite logprobs"
+        moved = ""
         if self.divergent:
-            return f"{label}: {self.divergent} of {self.compared} prompts, first at {self.first}"
+            moved = (
+                f"{self.divergent} of {self.compared} prompts diverge, first at {self.first}, max KL "
+                f"{_fmt(self.max_kl)} against its floor's {_fmt(self.floor_max_kl)}"
+            )
+        if self.decided_by is not None:
+            return f"{label}: {moved}; {self.decided_by.sentence}" if moved else f"{label}: {self.decided_by.sentence}"
+        if moved:
+            return f"{label}: {moved}"
         excess, _low, high = self.decode
         if self.decode_verdict == "fail" and self.kl_verdict != "fail" and excess is not None and high is not None:
             return f"{label}: decode |delta logprob| {excess:.3g} nats over its floor, to {high:.3g}; no argmax moved"
         return f"{label}: mean KL {self.mean_kl:.3g} nats over its floor's {self.floor_kl:.3g}, no argmax changed"
+
+    def short(self) -> str:
+        """The deciding number, as a table shows it."""
+        if self.decided_by is not None:
+            return f"{self.name}: {self.decided_by.headline} vs control"
+        excess = self.decode[0]
+        if self.decode_verdict == "fail" and self.kl_verdict != "fail" and excess is not None:
+            return f"{self.name}: decode |dlp| +{excess:.3g}"
+        return ""
 
     def sentence(self, tolerance: float) -> str:
         info = CONDITIONS.get(self.name)
@@ -210,8 +248,8 @@ class ConditionResult:
             f"{info.label if info else self.name} ({self.verdict}; {info.compares if info else ''}): "
             f"{self.compared} prompts, {kl} against its floor {self.floor_kl:.3g} + tolerance {tolerance:.3g} "
             f"(floor: {info.floor if info else 'measured'}), max KL "
-            f"{'not finite' if self.max_kl is None else f'{self.max_kl:.3g}'}, argmax agreement "
-            f"{self.agreement:.4f}, {self.divergent} diverge"
+            f"{'not finite' if self.max_kl is None else f'{self.max_kl:.3g}'} (floor {self.floor_max_kl:.3g}), "
+            f"argmax agreement {self.agreement:.4f}, {self.divergent} diverge"
         )
         if self.firsts:
             text += f" (first divergent positions {', '.join(self.firsts[:4])})"
@@ -231,7 +269,15 @@ class ConditionResult:
                 f", and its floor itself moves {self.floor_kl:.3g} nats (90% CI {self.floor_ci[0]:.3g}-"
                 f"{self.floor_ci[1]:.3g}), past the tolerance: the arm does not reproduce itself here"
             )
+        if self.checks:
+            text += "; against the control arm (" + "; ".join(f"{c.verdict}: {c.sentence}" for c in self.checks) + ")"
+        elif self.basis:
+            text += f"; {self.basis}"
         return text + "".join(f"; {note}" for note in self.notes)
+
+
+def _fmt(x: float | None) -> str:
+    return "not finite" if x is None else f"{x:.3g}"
 
 
 def _number(value: object) -> float | None:
@@ -242,14 +288,48 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def attach_control(conditions: dict[str, dict[str, Any]], control: Mapping[str, Any]) -> None:
+    """Each built condition row of an arm gets the control arm's rows of the same condition and
+    prompt (`control`: the control's stored `conditions`), for the judgement against the control."""
+    for name, found in conditions.items():
+        theirs = control.get(name)
+        if "skipped" not in found and theirs and "skipped" not in theirs:
+            found["control"] = {"drift": theirs["drift"], "floor": theirs["floor"]}
+
+
+def _against_control(
+    name: str, rows: Mapping[str, Mapping[str, Any]], kernel: bool, margins: tuple[float, float, float], alpha: float
+) -> tuple[tuple[PathOutcome, ...], str]:
+    """The control checks of one condition (and why none, where none): the drift rule's paths with the
+    control arm's same condition as the baseline, then the tail rule against the control's largest
+    per-position KL (its condition and its floor)."""
+    if not kernel:
+        return (), ""  # the explanation says once that this arm is judged by the floor rule alone
+    if name == "arm":
+        return (), "this condition is itself against the control (the drift rule's strict paths and tails apply to it)"
+    paired = [(r["drift"], r["control"]["drift"]) for r in rows.values() if r.get("control")]
+    if not paired:
+        return (), "the control arm built no such condition for these prompts, so nothing was held against it"
+    kl_margin, dlp_margin, tail_margin = margins
+    against = "the control arm's same condition"
+    checks = drift_paths(paired, kl_margin, dlp_margin, alpha, strict=True, against=against)
+    reference = [c for r in rows.values() if r.get("control") for c in (r["control"]["drift"], r["control"]["floor"])]
+    checks.append(tails([d for d, _c in paired], reference, tail_margin, alpha, against="the control arm"))
+    return tuple(replace(c, name=f"control_{c.name}") for c in checks), ""
+
+
 def _condition(
     suite: str, metric: str, name: str, rows: Mapping[str, Mapping[str, Any]], lens: Mapping[str, int],
-    tolerance: float, dlogprob_tolerance: float, baseline: Baseline | None, alpha: float,
+    margins: tuple[float, float, float], kernel: bool, baseline: Baseline | None, alpha: float,
 ) -> ConditionResult:  # fmt: skip
-    """One condition judged by the drift rule against its own floor (rows: key -> stored row)."""
+    """One condition judged by the drift rule against its own floor and, for a kernel-only arm, against
+    the control arm's same condition (rows: key -> stored row; margins: KL, decode, tail)."""
+    tolerance, dlogprob_tolerance, tail_tolerance = margins
+    # the arm condition is this arm against the control, as the drift suite's candidate is: its rule too
+    change = {"engine_change": {}} if kernel and name == "arm" else {}
     shaped = {
         key: {"drift": r["drift"], "floor": r["floor"], "finite": r["drift"]["finite"], "kl_tolerance": tolerance,
-              "dlogprob_tolerance": dlogprob_tolerance}
+              "dlogprob_tolerance": dlogprob_tolerance, "tail_tolerance": tail_tolerance, **change}
         for key, r in rows.items()
     }  # fmt: skip
     judged = judge_drift(suite, f"{metric}.{name}", shaped, baseline, alpha=alpha)
@@ -268,6 +348,11 @@ def _condition(
     verdict: Verdict = judged.verdict
     if unsteady and verdict in ("pass", "warn"):
         verdict = "inconclusive"  # an excess within the margin of a floor that moves past it means nothing
+    checks, basis = _against_control(name, rows, kernel, (margin, dlogprob_tolerance, tail_tolerance), alpha)
+    decided_by = None
+    if checks and _RANK[deciding(checks).verdict] > _RANK[verdict]:
+        decided_by = deciding(checks)
+        verdict = decided_by.verdict
     notes = sorted({str(r["note"]) for r in rows.values() if r.get("note")})
     firsts = [f"{key}@{where(pos, lens[key])}" for key, pos in divergent]
     return ConditionResult(
@@ -280,6 +365,7 @@ def _condition(
         floor_kl=floor_kl,
         threshold=floor_kl + margin,
         max_kl=max((d["max_kl"] for d in finite), default=None),
+        floor_max_kl=max((r["floor"]["max_kl"] or 0.0 for r in rows.values() if r["floor"]["finite"]), default=0.0),
         agreement=_mean([d["argmax_agreement"] for d in drifts.values()]),
         violations=sum(1 for d in drifts.values() if not d["close"]),
         floor_violations=sum(1 for r in rows.values() if not r["floor"]["close"]),
@@ -293,10 +379,26 @@ def _condition(
         kl_verdict=_text(judged.details.get("kl_verdict")),
         floor_ci=floor_ci,
         unsteady_floor=unsteady,
+        checks=checks,
+        basis=basis,
+        decided_by=decided_by,
     )  # fmt: skip
 
 
 _RANK: dict[str, int] = {"pass": 0, "no_baseline": 1, "warn": 2, "inconclusive": 3, "fail": 4}
+
+
+def _margins(rows: Mapping[str, Any], name: str, kernel: bool) -> tuple[float, float, float]:
+    """A condition's KL, decode and tail margins: its own where the profile sets one, else the
+    suite's. A per-condition margin is widened for an honest engine change (CUDA graphs), so an arm
+    that changed only its kernels is held to the suite's margin where the condition's is wider."""
+    kl_default = float(rows.get("kl_tolerance", DEFAULT_KL_MARGIN))
+    dlp_default = float(rows.get("dlogprob_tolerance") or DEFAULT_DLOGPROB_MARGIN)
+    kl = float((rows.get("tolerances") or {}).get(name, kl_default))
+    dlp = float((rows.get("dlogprob_tolerances") or {}).get(name, dlp_default))
+    if kernel:
+        kl, dlp = min(kl, kl_default), min(dlp, dlp_default)
+    return kl, dlp, float(rows.get("tail_tolerance") or DEFAULT_TAIL_MARGIN)
 
 
 def judge_invariance(
@@ -320,6 +422,7 @@ def judge_invariance(
     if not candidate:
         raise ValueError(f"{suite}.{metric}: no samples to judge; a run without samples is an error, not a verdict")
     names = list(dict.fromkeys([*CONDITIONS, *(c for r in candidate.values() for c in r["conditions"])]))
+    kernel = kernel_only(candidate.values())
     lens = {key: int(r["prompt_len"]) for key, r in candidate.items()}
     results: list[ConditionResult] = []
     skips: list[str] = []
@@ -334,13 +437,9 @@ def judge_invariance(
         label = _label(name)
         skips += [f"{label} for {n} of {len(found)} prompts: {why}" for why, n in reasons.items()]
         if built:
-            rows = next(iter(candidate.values()))
-            tolerances[name] = float(
-                (rows.get("tolerances") or {}).get(name, rows.get("kl_tolerance", DEFAULT_KL_MARGIN))
-            )
-            default_dlogprob = rows.get("dlogprob_tolerance") or DEFAULT_DLOGPROB_MARGIN
-            dlogprob = float((rows.get("dlogprob_tolerances") or {}).get(name, default_dlogprob))
-            results.append(_condition(suite, metric, name, built, lens, tolerances[name], dlogprob, baseline, alpha))
+            margins = _margins(next(iter(candidate.values())), name, kernel)
+            tolerances[name] = margins[0]
+            results.append(_condition(suite, metric, name, built, lens, margins, kernel, baseline, alpha))
     details: dict[str, float | int | str | None] = {"n": len(candidate), "alpha": alpha}
     for r in results:
         details.update({f"{r.name}.verdict": r.verdict, f"{r.name}.prompts": r.compared,
@@ -352,7 +451,12 @@ def judge_invariance(
                         f"{r.name}.dlogprob_ci_low": r.decode[1], f"{r.name}.dlogprob_ci_high": r.decode[2],
                         f"{r.name}.dlogprob_verdict": r.decode_verdict,
                         f"{r.name}.floor_ci_low": r.floor_ci and r.floor_ci[0],
-                        f"{r.name}.floor_ci_high": r.floor_ci and r.floor_ci[1]})  # fmt: skip
+                        f"{r.name}.floor_ci_high": r.floor_ci and r.floor_ci[1],
+                        f"{r.name}.decided_by": r.decided_by.name if r.decided_by else "floor"})  # fmt: skip
+        for check in r.checks:
+            details[f"{r.name}.{check.name}_verdict"] = check.verdict
+            details.update({f"{r.name}.{check.name}_{k}": v for k, v in check.details.items()
+                            if isinstance(v, int | float | str) or v is None})  # fmt: skip
     seconds: dict[str, float] = {}
     for r in candidate.values():
         for name, s in (r.get("seconds") or {}).items():
@@ -365,10 +469,12 @@ def judge_invariance(
         return MetricJudgement(suite, metric, "inconclusive", 0.0, len(candidate), None, None, explanation, details)
     verdict: Verdict = max((r.verdict for r in results), key=_RANK.__getitem__)
     failed = [r for r in results if r.verdict == "fail"]
-    deciding = max(failed or results, key=lambda r: math.inf if r.mean_kl is None else r.mean_kl - r.floor_kl)
-    details.update({"failed_conditions": ",".join(r.name for r in failed) or None, "decided_by": deciding.name,
-                    "ci_low": deciding.ci and deciding.ci[0], "ci_high": deciding.ci and deciding.ci[1],
-                    "kl_finite": deciding.mean_kl is not None})  # fmt: skip
+    worst = [r for r in results if r.verdict == verdict]
+    decisive = max(worst, key=lambda r: math.inf if r.mean_kl is None else r.mean_kl - r.floor_kl)
+    details.update({"failed_conditions": ",".join(r.name for r in failed) or None, "decided_by": decisive.name,
+                    "ci_low": decisive.ci and decisive.ci[0], "ci_high": decisive.ci and decisive.ci[1],
+                    "kl_finite": decisive.mean_kl is not None, "kernel_only": kernel,
+                    "headline": (decisive.short() or None) if verdict != "pass" else None})  # fmt: skip
     if failed:
         if len(results) == 1:
             scope = "on"
@@ -388,27 +494,33 @@ def judge_invariance(
         unsure = [r for r in results if r.verdict == "inconclusive"]
         unsteady = [_label(r.name) for r in unsure if r.unsteady_floor]
         spread = [_label(r.name) for r in unsure if not r.unsteady_floor]
-        head = f"INCONCLUSIVE: {suite} found no divergence beyond the floors"
+        head = f"INCONCLUSIVE: {suite} cannot decide under {'; '.join(r.headline() for r in unsure)}."
         if spread:
             head += (
-                f", but under {', '.join(spread)} the prompts were too few (or too spread) to see an excess as small "
-                "as the tolerance: add prompts to decide"
+                f" Under {', '.join(spread)} the prompts were too few (or too spread) to see an excess as small as "
+                "the tolerance: add prompts to decide."
             )
         if unsteady:
             head += (
-                f"{';' if spread else ', but'} under {', '.join(unsteady)}, the floor itself (the condition repeated) "
-                "moves past the tolerance: this arm does not reproduce itself there, which a bug on both sides of "
-                "the floor also looks like, and more prompts would not make a pass trustworthy; compare the arm's "
-                "outputs with a control arm's (the drift suite)"
+                f" Under {', '.join(unsteady)} the floor itself (the condition repeated) moves past the tolerance: "
+                "this arm does not reproduce itself there, which a bug on both sides of the floor also looks like, "
+                "and more prompts would not make a pass trustworthy; compare the arm's outputs with a control arm's "
+                "(the drift suite)."
             )
-        head += "."
     else:
         head = f"PASS: {suite} holds under every condition it built ({len(results)})."
     body = " ".join(f"{r.sentence(tolerances[r.name])}." for r in results)
+    body += (
+        " This arm changed its kernels alone, so each condition is also held against the control arm's same "
+        "condition, with the suite's margins."
+        if kernel
+        else " This arm is judged against its own floors alone: its engine arguments differ from the control's, "
+        "or it has no control arm."
+    )
     timing = ", ".join(f"{name} {s:.1f} s" for name, s in seconds.items())
     explanation = f"{head} {body}{skipped_text}" + (f" Time per condition: {timing}." if timing else "")
     return MetricJudgement(
-        suite, metric, verdict, math.inf if deciding.mean_kl is None else deciding.mean_kl, len(candidate),
-        deciding.floor_kl, deciding.threshold,
+        suite, metric, verdict, math.inf if decisive.mean_kl is None else decisive.mean_kl, len(candidate),
+        decisive.floor_kl, decisive.threshold,
         explanation, details,
     )  # fmt: skip

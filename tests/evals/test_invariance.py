@@ -99,7 +99,8 @@ def test_a_condition_that_breaks_is_named_with_its_count_and_first_position() ->
     judged = judge_invariance("invariance", "kl", _rows({"decode_prefill": _same(), "prefix_hit": broken}), None)
     assert judged.verdict == "fail"
     assert judged.explanation.startswith(
-        "FAIL: invariance diverges only on prefix-cache hits: 14 of 16 prompts, first at continuation token 3."
+        "FAIL: invariance diverges only on prefix-cache hits: 14 of 16 prompts diverge, first at continuation token 3, "
+        "max KL 0.8 against its floor's 0."
     ), judged.explanation
     assert judged.details["failed_conditions"] == "prefix_hit" and judged.details["decided_by"] == "prefix_hit"
     assert judged.details["decode_prefill.verdict"] == "pass"
@@ -200,8 +201,8 @@ def test_a_floor_past_the_tolerance_is_named_as_the_arm_not_reproducing_itself()
     judged = judge_invariance("invariance", "kl", _rows({"batch": both, "prefix_hit": _same()}), None)
     assert judged.verdict == "inconclusive", judged.explanation
     assert judged.explanation.startswith(
-        "INCONCLUSIVE: invariance found no divergence beyond the floors, but under batch composition, the floor "
-        "itself (the condition repeated) moves past the tolerance"
+        "INCONCLUSIVE: invariance cannot decide under batch composition: mean KL 0.234 nats over its floor's 0.234, "
+        "no argmax changed. Under batch composition the floor itself (the condition repeated) moves past the tolerance"
     ), judged.explanation
     assert "more prompts would not make a pass trustworthy" in judged.explanation
     assert "add prompts" not in judged.explanation
@@ -225,8 +226,8 @@ def test_a_condition_too_spread_and_one_with_a_moved_floor_are_both_named() -> N
     spread = [row((_drift(0.12 if i == 0 else 0.0), 20), (_drift(0.0), 20)) for i in range(16)]
     judged = judge_invariance("invariance", "kl", _rows({"batch": moved, "prefix_hit": spread}), None)
     assert judged.verdict == "inconclusive", judged.explanation
-    assert "under prefix-cache hits the prompts were too few (or too spread)" in judged.explanation
-    assert "add prompts to decide; under batch composition, the floor itself" in judged.explanation
+    assert "Under prefix-cache hits the prompts were too few (or too spread)" in judged.explanation
+    assert "add prompts to decide. Under batch composition the floor itself" in judged.explanation
 
 
 def test_few_prompts_are_inconclusive_not_pass() -> None:
