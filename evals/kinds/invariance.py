@@ -30,6 +30,8 @@ def _scores(samples: Samples, metric: str) -> dict[str, Any]:
         "tolerances",
         "dlogprob_tolerance",
         "dlogprob_tolerances",
+        "tail_tolerance",
+        "engine_change",
         "seconds",
     )
     return {key: {k: s.data.get(k) for k in keep} for key, s in samples.items() if "conditions" in s.data}

@@ -3,12 +3,23 @@ path against its own floor, non-finite output, and the run verdict's order."""
 
 from __future__ import annotations
 
+import copy
 import random
 from typing import Any
 
 import pytest
 
-from evals.drift_verdict import MIN_PROMPTS, equivalence, exceedance_p, judge_drift, mean_interval
+from evals.drift_verdict import (
+    DEFAULT_TAIL_MARGIN,
+    MIN_PROMPTS,
+    beyond_maximum_p,
+    equivalence,
+    exceedance_p,
+    judge_drift,
+    mean_interval,
+    tails,
+)
+from evals.kinds.drift import KIND as DRIFT
 from evals.logprob_drift import PromptDrift
 from evals.verdict import MetricJudgement, run_verdict
 
@@ -138,3 +149,94 @@ def test_a_profile_margin_decides_over_the_default() -> None:
     for row in rows.values():
         row["kl_tolerance"] = 1e-4
     assert _judge(rows).verdict == "fail"
+
+
+def _kernel_only(rows: dict[str, dict[str, Any]], change: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """The rows as a candidate stores them when its engine differs from the control's by `change`
+    (`{}`: the kernel variant alone)."""
+    for row in rows.values():
+        row["engine_change"] = {} if change is None else change
+    return rows
+
+
+def test_a_significant_excess_of_earlier_divergences_fails_a_kernel_only_arm() -> None:
+    """The Llama drift reading "5 diverge earlier than the floor, 0 later (p 0.031): the decode path
+    moved beyond the floor" was a `warn`; for an arm that changed only its kernels it is a failure.
+    An arm whose engine arguments differ keeps the warn: its honest change flips near-ties."""
+    rows = _rows(36)
+    for i, key in enumerate(sorted(rows)[:5]):
+        rows[key]["drift"].update(first_divergence=20 + i, close=True)
+    kernel = _judge(_kernel_only(copy.deepcopy(rows)))
+    assert kernel.verdict == "fail", kernel.explanation
+    assert kernel.details["earlier_p"] == pytest.approx(1 / 32) and kernel.details["decided_by"] == "divergence"
+    assert kernel.explanation.startswith("FAIL: drift kl, decided by decode: 0 prompts break the close rule")
+    assert "5 diverge earlier than the floor, 0 later (p 0.031): significantly earlier" in kernel.explanation
+    assert DRIFT.display(kernel.value, kernel.details, "-") == "5 of 36 diverge earlier"
+    graphs = _judge(_kernel_only(copy.deepcopy(rows), {"enforce_eager": [True, False]}))
+    assert graphs.verdict == "warn" and "enforce_eager True -> False" in graphs.explanation
+    unknown = _judge(rows)  # stored before engine_change was recorded, or against a reference run
+    assert unknown.verdict == "warn" and "not known" in unknown.explanation
+    # fixed against stock on the GPU Llama, measured: 4 earlier, 0 later over 36 prompts (p 0.0625)
+    for row in rows.values():
+        if row["drift"]["first_divergence"] == 24:
+            row["drift"].update(first_divergence=None)
+    assert _judge(_kernel_only(rows)).verdict == "pass"  # not significant: no more than the floor
+
+
+def test_the_headline_is_the_number_that_decided() -> None:
+    """The MLA drift table showed `kl 0.0000` for every arm, failing ones included, where decode decided
+    (softmax_scale_drift: 1.17e-3 [8.6e-4, 1.53e-3] nats of decode |delta logprob|, KL exactly 0)."""
+    rows = _rows(32, dlp=0.0)
+    for i, row in enumerate(rows.values()):
+        row["dlogprob_tolerance"] = 1e-3
+        row["drift"].update(mean_abs_dlogprob=1.17e-3 + 2e-4 * ((i % 5) - 2))
+    judged = _judge(_kernel_only(rows))
+    assert judged.verdict == "fail" and judged.value == 0.0, judged.explanation
+    assert judged.details["decided_by"] == "dlogprob"
+    shown = DRIFT.display(judged.value, judged.details, "-")
+    assert shown.startswith("decode |dlp| +0.0011") and "0.0000" not in shown
+    assert judged.explanation.startswith("FAIL: drift kl, decided by decode |delta logprob|: excess over the floor")
+    assert DRIFT.display(0.0, _judge(_rows(30)).details, "-") == "0.0000"  # a pass shows its KL
+
+
+def _tailed(n: int, peaks: dict[int, list[float]], floor_peak: float) -> dict[str, dict[str, Any]]:
+    """n prompts of KL 1e-5 whose per-position maxima are 0.01 (the floor's `floor_peak`), but where
+    `peaks` gives prompt i its largest per-position KLs."""
+    rows = _kernel_only(_rows(n, kl=1e-5, floor_kl=1e-5))
+    for i, row in enumerate(rows.values()):
+        row["drift"].update(top_kls=peaks.get(i, [0.01]), max_kl=max(peaks.get(i, [0.01])))
+        row["floor"].update(top_kls=[floor_peak], max_kl=floor_peak)
+    return rows
+
+
+def test_the_tail_rule_counts_prompts_past_the_floors_largest_position() -> None:
+    """A mean of 1e-5 hides positions at 1.5 nats where the floor's largest is 0.042."""
+    one = _judge(_tailed(16, {3: [1.54]}, 0.042))
+    assert one.details["tails_verdict"] == "warn" and one.details["tail_prompts"] == 1
+    assert "tails: 1 of 16 prompts have positions past the floor's largest per-position KL 0.042" in one.explanation
+    assert "the largest 1.54" in one.explanation and one.verdict == "warn"
+    many = _judge(_tailed(16, {1: [1.54, 0.3], 5: [0.9], 9: [0.4], 12: [0.2], 14: [0.25]}, 0.042))
+    assert many.verdict == "fail" and many.details["decided_by"] == "tails", many.explanation
+    assert many.details["tail_prompts"] == 5 and many.details["tail_positions"] == 6
+    assert many.details["tail_p"] == pytest.approx(beyond_maximum_p(5, 16, 16))
+    assert beyond_maximum_p(5, 16, 16) < 0.05 < beyond_maximum_p(4, 16, 16)
+    assert "significantly more than the floor" in many.explanation
+    # within the margin over the floor's largest: an honest kernel's near-tie positions are not counted
+    assert _judge(_tailed(16, {i: [0.1] for i in range(16)}, 0.042)).details["tail_prompts"] == 0
+    # an engine change is judged by the floor rule alone
+    engine = _tailed(16, {1: [1.54], 5: [0.9], 9: [0.4], 12: [0.2]}, 0.042)
+    assert "tails_verdict" not in _judge(_kernel_only(engine, {"block_size": [16, 32]})).details
+
+
+def test_the_tail_test_raises_no_more_false_alarms_than_alpha_on_exchangeable_prompts() -> None:
+    """A/A: candidate and floor per-prompt maxima from one distribution (heavy-tailed, as near-ties
+    make them), no margin at all: the exact test fails at most alpha of the runs; with the default
+    margin it fails none."""
+    rng = random.Random(1)
+    runs, bare, margined = 1000, 0, 0
+    for _ in range(runs):
+        cand = [{"finite": True, "top_kls": [rng.paretovariate(1.5) * 1e-3]} for _ in range(16)]
+        floor = [{"finite": True, "top_kls": [rng.paretovariate(1.5) * 1e-3]} for _ in range(16)]
+        bare += tails(cand, floor, 0.0, 0.05).verdict == "fail"
+        margined += tails(cand, floor, DEFAULT_TAIL_MARGIN, 0.05).verdict == "fail"
+    assert bare / runs <= 0.05 and margined == 0
