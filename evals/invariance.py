@@ -27,6 +27,7 @@ from evals.drift_verdict import (
     MIN_PROMPTS,
     PathOutcome,
     deciding,
+    divergence,
     drift_paths,
     judge_drift,
     kernel_only,
@@ -194,6 +195,7 @@ class ConditionResult:
     decode: tuple[float | None, float | None, float | None]
     decode_verdict: str | None
     kl_verdict: str | None
+    decode_margin: float
     # The floor's own mean KL interval (90%; None below the prompts an interval needs). A floor
     # past the tolerance means the arm does not reproduce itself under the condition, which a bug
     # on both sides of the floor (a batch-dependent page read) looks like: such a condition is at
@@ -224,7 +226,10 @@ class ConditionResult:
             return f"{label}: {moved}"
         excess, _low, high = self.decode
         if self.decode_verdict == "fail" and self.kl_verdict != "fail" and excess is not None and high is not None:
-            return f"{label}: decode |delta logprob| {excess:.3g} nats over its floor, to {high:.3g}; no argmax moved"
+            return (
+                f"{label}: decode |delta logprob| {excess:.3g} nats over its floor, to {high:.3g}, against the margin "
+                f"{self.decode_margin:.3g}; no argmax moved"
+            )
         return f"{label}: mean KL {self.mean_kl:.3g} nats over its floor's {self.floor_kl:.3g}, no argmax changed"
 
     def short(self) -> str:
@@ -261,7 +266,8 @@ class ConditionResult:
                 if low is not None and high is not None
                 else "too few prompts for an interval"
             )
-            text += f", decode |delta logprob| {excess:.3g} nats over the floor ({interval})"
+            margin = f"margin {self.decode_margin:.3g}"
+            text += f", decode |delta logprob| {excess:.3g} nats over the floor ({interval}; {margin})"
         if self.nonfinite:
             text += f", {self.nonfinite} with non-finite logprobs"
         if self.unsteady_floor and self.floor_ci is not None:  # the check narrows floor_ci for mypy
@@ -305,12 +311,17 @@ def _against_control(
     per-position KL (its condition and its floor)."""
     if not kernel:
         return (), ""  # the explanation says once that this arm is judged by the floor rule alone
-    if name == "arm":
-        return (), "this condition is itself against the control (the drift rule's strict paths and tails apply to it)"
+    kl_margin, dlp_margin, tail_margin = margins
+    if name == "arm":  # this arm against the control, over the control's A/A floor: the drift suite's case
+        floors = [(r["drift"], r["floor"]) for r in rows.values()]
+        against = "the control arm's A/A floor"
+        drifts, baseline = [d for d, _f in floors], [f for _d, f in floors]
+        found = [divergence(floors, alpha, strict=True, against=against),
+                 tails(drifts, baseline, tail_margin, alpha, against=against)]  # fmt: skip
+        return tuple(replace(c, name=f"control_{c.name or 'divergence'}") for c in found), ""
     paired = [(r["drift"], r["control"]["drift"]) for r in rows.values() if r.get("control")]
     if not paired:
         return (), "the control arm built no such condition for these prompts, so nothing was held against it"
-    kl_margin, dlp_margin, tail_margin = margins
     against = "the control arm's same condition"
     checks = drift_paths(paired, kl_margin, dlp_margin, alpha, strict=True, against=against)
     reference = [c for r in rows.values() if r.get("control") for c in (r["control"]["drift"], r["control"]["floor"])]
@@ -325,11 +336,9 @@ def _condition(
     """One condition judged by the drift rule against its own floor and, for a kernel-only arm, against
     the control arm's same condition (rows: key -> stored row; margins: KL, decode, tail)."""
     tolerance, dlogprob_tolerance, tail_tolerance = margins
-    # the arm condition is this arm against the control, as the drift suite's candidate is: its rule too
-    change = {"engine_change": {}} if kernel and name == "arm" else {}
     shaped = {
         key: {"drift": r["drift"], "floor": r["floor"], "finite": r["drift"]["finite"], "kl_tolerance": tolerance,
-              "dlogprob_tolerance": dlogprob_tolerance, "tail_tolerance": tail_tolerance, **change}
+              "dlogprob_tolerance": dlogprob_tolerance, "tail_tolerance": tail_tolerance}
         for key, r in rows.items()
     }  # fmt: skip
     judged = judge_drift(suite, f"{metric}.{name}", shaped, baseline, alpha=alpha)
@@ -377,6 +386,7 @@ def _condition(
                 _number(judged.details.get("dlogprob_ci_high"))),
         decode_verdict=_text(judged.details.get("dlogprob_verdict")),
         kl_verdict=_text(judged.details.get("kl_verdict")),
+        decode_margin=dlogprob_tolerance,
         floor_ci=floor_ci,
         unsteady_floor=unsteady,
         checks=checks,
@@ -455,7 +465,7 @@ def judge_invariance(
                         f"{r.name}.decided_by": r.decided_by.name if r.decided_by else "floor"})  # fmt: skip
         for check in r.checks:
             details[f"{r.name}.{check.name}_verdict"] = check.verdict
-            details.update({f"{r.name}.{check.name}_{k}": v for k, v in check.details.items()
+            details.update({f"{r.name}.{check.name}_{k.removeprefix('tail_')}": v for k, v in check.details.items()
                             if isinstance(v, int | float | str) or v is None})  # fmt: skip
     seconds: dict[str, float] = {}
     for r in candidate.values():
