@@ -367,14 +367,14 @@ def judge_drift(
     if strict:
         paths.append(tails([d for d, _f in pairs], [f for _d, f in pairs], tail_margin, alpha))
     finite = [(d, f) for d, f in pairs if d["finite"] and f["finite"]]
-    verdict: Verdict = "fail" if nonfinite else deciding(paths).verdict
+    decided = deciding(paths)
+    verdict = "fail" if nonfinite else decided.verdict
     for path in paths:
-        if path.name == "divergence" or path.name == "tails":
+        if path.name in ("divergence", "tails"):
             details.update(path.details)
         else:
             details.update({f"{path.name}_{k}": v for k, v in path.details.items()})
         details[f"{path.name}_verdict"] = path.verdict
-    decided = deciding(paths)
     quiet = nonfinite or verdict == "pass" or decided.name == "kl"  # the KL itself is the headline then
     details.update({"tolerance": kl_margin, "dlogprob_tolerance": dlp_margin, "mde_kind": "paired",
                     "kernel_only": strict, "decided_by": "nonfinite" if nonfinite else decided.name,

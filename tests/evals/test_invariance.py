@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evals.invariance import CONDITIONS, Observation, judge_invariance, observe, row, skipped
+from evals.invariance import CONDITIONS, Observation, observe, row, skipped
+from evals.invariance_verdict import judge_invariance
 from evals.kinds.invariance import KIND as INVARIANCE
 from evals.kinds.invariance import diff_invariance
 from evals.logprob_drift import PromptDrift
