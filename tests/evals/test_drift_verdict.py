@@ -20,7 +20,8 @@ from evals.drift_verdict import (
     tails,
 )
 from evals.kinds.drift import KIND as DRIFT
-from evals.logprob_drift import PromptDrift
+from evals.logprob_drift import ArmOutput, PromptDrift, compare
+from evals.suites import drift as suite
 from evals.verdict import MetricJudgement, run_verdict
 
 MARGIN = 1e-3
@@ -265,3 +266,27 @@ def test_the_measured_honest_differences_do_not_fail_a_kernel_only_arm(
     judged = _judge(rows)
     assert judged.verdict == ("pass" if dlp == 0 else "warn"), judged.explanation
     assert judged.details["tails_verdict"] == "pass"
+
+
+def test_a_stored_candidate_sample_carries_what_its_engine_changed_to_the_verdict() -> None:
+    """The suite stores `engine_change` with each candidate sample and the kind hands it to the verdict:
+    without it the kernel-only rules would be silently off."""
+
+    def output(tokens: list[int]) -> ArmOutput:
+        top = [{t: -0.1, t + 1: -2.5, t - 1: -3.0} for t in tokens]
+        return ArmOutput(tokens, [-0.1] * len(tokens), top, [{1: -0.1, 2: -2.5}] * 6, [-0.1] * 6)
+
+    config = suite.DriftConfig()
+    reference = output([1, 2, 3, 4])
+    for change, verdict in (({}, "fail"), ({"block_size": [16, 32]}, "warn"), (None, "warn")):
+        samples = {}
+        for i in range(8):
+            prompt = suite.Prompt(f"p{i}", "text", [5, 6], 0)
+            mine = output([1, 3, 4, 5] if i < 5 else [1, 2, 3, 4])  # five diverge at step 1, inside the top-k
+            floor = compare(reference, reference, 0, 2)
+            sample = suite._sample(
+                prompt, mine, floor, compare(reference, mine, 0, 2), reference, config, change=change
+            )
+            samples[sample.key] = sample
+        judged = DRIFT.judge("drift", "kl", DRIFT.scores(samples, "kl"), None)
+        assert judged.details["kernel_only"] is (change == {}) and judged.verdict == verdict, judged.explanation
