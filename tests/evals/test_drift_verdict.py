@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import copy
 import random
+import re
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from evals.drift_verdict import (
     DEFAULT_TAIL_MARGIN,
@@ -290,3 +293,27 @@ def test_a_stored_candidate_sample_carries_what_its_engine_changed_to_the_verdic
             samples[sample.key] = sample
         judged = DRIFT.judge("drift", "kl", DRIFT.scores(samples, "kl"), None)
         assert judged.details["kernel_only"] is (change == {}) and judged.verdict == verdict, judged.explanation
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 5), st.floats(0, 0.01), st.one_of(st.none(), st.integers(0, 60)), st.booleans(),
+                  st.one_of(st.none(), st.integers(0, 60))),
+        min_size=1, max_size=24,
+    ),
+    st.one_of(st.none(), st.just({}), st.just({"enforce_eager": [True, False]})),
+)  # fmt: skip
+def test_no_drift_text_says_nothing_diverged_where_a_prompt_did(prompts: list[Any], change: Any) -> None:
+    """Over generated prompts (KLs, decode steps, divergent positions in candidate and floor, close
+    rule, engine changes): the explanation counts the prompts that diverged, never says none did."""
+    rows = {}
+    for i, (kl, dlp, first, close, floor_first) in enumerate(prompts):
+        drift = _row(kl, dlp, first, close or first is None)
+        rows[f"p{i:02d}"] = {"floor": _row(0.0, 0.0, floor_first), "drift": drift, "finite": True,
+                             "kl_tolerance": MARGIN, "dlogprob_tolerance": 0.05, "engine_change": change}  # fmt: skip
+    judged = _judge(rows)
+    moved = sum(1 for r in rows.values() if r["drift"]["first_divergence"] is not None)
+    assert f"; {moved} prompts diverge (" in judged.explanation, judged.explanation
+    if moved:
+        assert not re.search(r"no divergence|\b0 prompts diverge|\(none\)", judged.explanation), judged.explanation
