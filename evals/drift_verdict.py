@@ -247,8 +247,8 @@ def drift_paths(
     div = divergence(compared, alpha, strict=strict, against=against)
     earlier, total = div.details["diverge_earlier"], len(compared)
     return [
-        replace(kl, name="kl", headline=f"KL +{_fmt(kl.details['excess'])}"),
-        replace(dlp, name="dlogprob", headline=f"decode |dlp| +{_fmt(dlp.details['excess'])}"),
+        replace(kl, name="kl", headline=f"KL {_signed(kl.details['excess'])}"),
+        replace(dlp, name="dlogprob", headline=f"decode |dlp| {_signed(dlp.details['excess'])}"),
         replace(div, name="divergence", headline=f"{earlier} of {total} diverge earlier"),
     ]
 
@@ -411,6 +411,10 @@ def judge_drift(
     threshold = (floor_value or 0.0) + kl_margin
     shown = value if value is not None else math.inf  # never 0: a NaN model has no KL at all
     return MetricJudgement(suite, metric, verdict, shown, len(rows), floor_value, threshold, explanation, details)
+
+
+def _signed(x: Any) -> str:
+    return "-" if x is None else f"{x:+.3g}"
 
 
 def _fmt(x: Any) -> str:
