@@ -251,7 +251,8 @@ def _arms(run: dict[str, Any]) -> str:
 
 
 def conditions(run: dict[str, Any]) -> list[str]:
-    """One line per judged invariance arm and condition: verdict, prompts, KL against its floor, time."""
+    """One line per judged invariance arm and condition: verdict, prompts, KL against its floor, what
+    decided (its floor, or a check against the control arm), time."""
     lines = []
     for m in run["metrics"]:
         details = m.get("details") or {}
@@ -268,10 +269,11 @@ def conditions(run: dict[str, Any]) -> list[str]:
                 f"{format_number(details.get(f'{name}.dlogprob_excess'))} "
                 f"[{format_number(details.get(f'{name}.dlogprob_ci_low'))}, "
                 f"{format_number(details.get(f'{name}.dlogprob_ci_high'))}] | "
-                f"{details.get(f'{name}.first_divergence')} | {details.get(f'{name}.seconds', '-')} |"
+                f"{details.get(f'{name}.first_divergence')} | {details.get(f'{name}.decided_by', '-')} | "
+                f"{details.get(f'{name}.seconds', '-')} |"
             )
         if details.get("skipped"):
-            lines.append(f"| {run['id']} | {m['arm']} | skipped | {details['skipped']} | | | | | | |")
+            lines.append(f"| {run['id']} | {m['arm']} | skipped | {details['skipped']} | | | | | | | |")
     return lines
 
 
@@ -354,9 +356,9 @@ def main() -> int:
     if per_condition:
         head = (
             "| run | arm | condition | verdict | prompts | mean KL [95% CI] | floor "
-            "| decode \\|Δ logprob\\| over the floor [90% CI] | first divergence | seconds |"
+            "| decode \\|Δ logprob\\| over the floor [90% CI] | first divergence | decided by | seconds |"
         )
-        printed += f"\n\n{head}\n|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(per_condition)
+        printed += f"\n\n{head}\n|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(per_condition)
     for fixture, code, seconds, matrix in matrices:
         printed += f"\n\n### mutants, {fixture} (kvcanary mutants exit {code}, {seconds / 60:.1f} min)\n\n{matrix}"
     print(printed)
