@@ -350,10 +350,10 @@ def judge_invariance(
         what = "; ".join(r.headline() for r in failed)
         head = f"FAIL: {suite} diverges {scope} {what}."
     elif verdict == "warn":
-        warned = [_label(r.name) for r in results if r.verdict == "warn"]
+        warned = [r for r in results if r.verdict == "warn"]
         head = (
-            f"WARN: {suite} moves beyond the floor, within the tolerance, under {', '.join(warned)}: "
-            "not a failure, but the math is not invariant there."
+            f"WARN: {suite} moves beyond the floor (or the control arm), within the tolerance, under "
+            f"{'; '.join(r.headline() for r in warned)}: not a failure, but the math is not invariant there."
         )
     elif verdict == "inconclusive":
         unsure = [r for r in results if r.verdict == "inconclusive"]
