@@ -58,6 +58,16 @@ def apply(profile: Profile, arm: ArmSpec) -> Profile:
     )
 
 
+def engine_change(profile: Profile, arm: ArmSpec, control: ArmSpec) -> dict[str, list[Any]]:
+    """The engine arguments in which `arm`'s engine differs from `control`'s, `{key: [control's, arm's]}`:
+    empty when the two differ in kernel variant alone (the verdicts hold such an arm to more)."""
+    mine, theirs = (
+        apply(profile, arm).engine.model_dump(mode="json"),
+        apply(profile, control).engine.model_dump(mode="json"),
+    )
+    return {key: [theirs[key], value] for key, value in mine.items() if value != theirs[key]}
+
+
 def _given_flags(engine: EngineSpec) -> set[str]:
     return {arg.split("=", 1)[0].replace("--no-", "--") for arg in engine.extra_args if arg.startswith("--")}
 

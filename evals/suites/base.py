@@ -73,7 +73,10 @@ class SuiteContext:
     asking the server again; `should_stop()` is true once the run was cancelled or the
     engine died, and a suite checks it between requests. `reference_samples` are the same
     suite's samples from what this arm is compared with (the first arm of an A/B run, else the
-    promoted reference run), for suites that compare outputs rather than scores (drift).
+    promoted reference run), for suites that compare outputs rather than scores (drift);
+    `engine_change` the engine arguments in which this arm's engine differs from that arm's
+    (`{key: [theirs, mine]}`; empty: the kernels alone differ; None: not known, as against a
+    reference run), which a comparing suite stores with its samples for the verdict's rules.
     """
 
     server_url: str
@@ -85,6 +88,7 @@ class SuiteContext:
     emit_samples: Callable[[Sequence[Sample]], None] = lambda samples: None
     done_samples: Mapping[str, Sample] = field(default_factory=dict)
     reference_samples: Mapping[str, Sample] = field(default_factory=dict)
+    engine_change: Mapping[str, list[Any]] | None = None
     stop_event: threading.Event = field(default_factory=threading.Event)
 
     def should_stop(self) -> bool:

@@ -43,7 +43,7 @@ import httpx
 from pydantic import Field, field_validator
 
 from evals import invariance as inv
-from evals.drift_verdict import DEFAULT_DLOGPROB_MARGIN, DEFAULT_KL_MARGIN
+from evals.drift_verdict import DEFAULT_DLOGPROB_MARGIN, DEFAULT_KL_MARGIN, DEFAULT_TAIL_MARGIN
 from evals.invariance import Observation, observe
 from evals.invariance_conditions import Asker, EngineFacts, PromptRun, batch, engine_facts, family, sequential
 from evals.kinds.drift import NOT_FINITE
@@ -81,6 +81,7 @@ class InvarianceConfig(SuiteConfig):
     tolerances: dict[str, float] = Field(default_factory=dict)
     dlogprob_tolerance: float = Field(DEFAULT_DLOGPROB_MARGIN, ge=0)
     dlogprob_tolerances: dict[str, float] = Field(default_factory=dict)
+    tail_tolerance: float = Field(DEFAULT_TAIL_MARGIN, ge=0)
 
     @field_validator("tolerances", "dlogprob_tolerances")
     @classmethod
@@ -105,8 +106,12 @@ def _reusable(earlier: Sample | None, prompt: Prompt, control: Observation | Non
 
 
 def _sample(item: PromptRun, config: InvarianceConfig, engine: EngineFacts, control: Observation | None,
-            control_floor: Mapping[str, Any] | None, seconds: Mapping[str, float]) -> Sample:  # fmt: skip
+            stored: Mapping[str, Any], seconds: Mapping[str, float],
+            change: Mapping[str, Any] | None) -> Sample:  # fmt: skip
+    """One prompt's sample; a later arm's condition rows carry the control arm's (`stored`: its sample)."""
     p, n = item.prompt, item.n
+    control_floor = stored.get("alone_floor")
+    inv.attach_control(item.conditions, stored.get("conditions") or {})
     if control is not None and control_floor is not None and item.arm is not None:
         drift, positions = observe(control, item.arm)
         item.conditions["arm"] = {"drift": drift.as_dict(), "positions": positions, "floor": control_floor["drift"],
@@ -128,6 +133,8 @@ def _sample(item: PromptRun, config: InvarianceConfig, engine: EngineFacts, cont
         "tolerances": dict(config.tolerances),
         "dlogprob_tolerance": config.dlogprob_tolerance,
         "dlogprob_tolerances": dict(config.dlogprob_tolerances),
+        "tail_tolerance": config.tail_tolerance,
+        "engine_change": dict(change) if change is not None and control is not None else None,
         "engine": {key: engine.info[key] for key in ("block_size", "cache_dtype", "enable_prefix_caching")
                    if key in engine.info},
         "control": list(control.tokens) if control is not None else None,
@@ -187,8 +194,8 @@ async def _run(context: SuiteContext) -> tuple[list[Sample], int]:
             context.progress(done, total)
         share = {name: s / len(items) for name, s in asker.seconds.items()} if items else {}
         samples = [
-            _sample(item, config, engine, controls.get(item.prompt.key),
-                    stored.get(item.prompt.key, {}).get("alone_floor"), share)
+            _sample(item, config, engine, controls.get(item.prompt.key), stored.get(item.prompt.key, {}), share,
+                    context.engine_change)
             for item in items
         ]  # fmt: skip
         context.emit_samples(samples)

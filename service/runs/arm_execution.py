@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from evals import suites as suite_registry
 from evals.suites.base import Sample, SuiteAborted, SuiteContext, SuiteOutcome
 from service.arms import apply as apply_arm
+from service.arms import engine_change
 from service.db.models import Run
 from service.engine.death import EngineDied, diagnose_file
 from service.engine.launcher import EngineStartError
@@ -45,7 +46,7 @@ def _compared_with(
 
 def _run_suite(
     context: RunContext, watcher: Watcher, arm: str, control_arm: str | None, profile: Profile, engine: ArmEngine,
-    suite: str,
+    suite: str, change: dict[str, list[Any]] | None,
 ) -> SuiteOutcome:  # fmt: skip
     definition = suite_registry.get(suite)
     config = profile.suite_configs()[suite]
@@ -73,6 +74,7 @@ def _run_suite(
         emit_samples=emit,
         done_samples=done,
         reference_samples=compared_with,
+        engine_change=change if control_arm is not None else None,
         stop_event=engine.stop_event,
     )
     if done:
@@ -156,6 +158,7 @@ def run_arm(
     """Every suite of one arm against its own engine, each outcome into `outcomes` as it ends;
     EngineDied when the engine dies, RunCancelled or RunLost when the watcher stopped the run."""
     arm, profile = spec.name, apply_arm(context.profile, spec)
+    change = engine_change(context.profile, spec, ArmSpec.model_validate(control)) if control is not None else None
     watcher.rearm(arm)
     private_dir(context.run_dir / arm)
     engine = context.engines(profile, context.run_dir / arm, watcher.stop_event)
@@ -165,7 +168,7 @@ def run_arm(
             began = time.monotonic()
             moment = f"while {entry.suite} ran"
             try:
-                outcome = _run_suite(context, watcher, arm, control, profile, engine, entry.suite)
+                outcome = _run_suite(context, watcher, arm, control, profile, engine, entry.suite, change)
             except Exception as exc:
                 watcher.raise_if_stopped("while suites ran")
                 symptom = engine.death_symptom()

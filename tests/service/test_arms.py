@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from sqlalchemy import MetaData, Table, create_engine
 
 from kernels.mutants import MUTANTS
-from service.arms import ArmError, describe_outcome, parse_compare, parse_expect, plan, run_arms
+from service.arms import ArmError, describe_outcome, engine_change, parse_compare, parse_expect, plan, run_arms
 from service.auth import Role
 from service.cli.common import exit_code
 from service.db.migrate import upgrade
@@ -141,6 +141,17 @@ def test_what_the_engine_can_take_is_accepted() -> None:
     # what a run stores is what its worker executes, and a run without arms has the profile's one
     assert run_arms(planned.stored_arms(), cpu_profile()) == planned.arms
     assert run_arms([], cpu_profile(kernels={"variant": "legacy"})) == [ArmSpec(variant="legacy")]
+
+
+def test_an_arm_knows_which_engine_arguments_it_changed_against_the_control() -> None:
+    """The verdicts hold a kernel-only arm (an empty change) to more than an engine arm."""
+    profile = cpu_profile(engine={"max_num_batched_tokens": 2048, "enforce_eager": True})
+    fixed, stock = ArmSpec(variant="fixed"), ArmSpec(variant="stock")
+    assert engine_change(profile, ArmSpec(variant="batch_row_shift"), fixed) == {}
+    assert engine_change(profile, fixed, stock) == {}
+    assert engine_change(profile, ArmSpec.model_validate(CHUNKED), fixed) == {"max_num_batched_tokens": [2048, 64]}
+    graphs = engine_change(profile, ArmSpec.model_validate("fixed,enforce_eager=false"), stock)
+    assert graphs == {"enforce_eager": [True, False]}
 
 
 def test_an_override_the_profile_also_passes_as_an_extra_argument_is_refused() -> None:
