@@ -17,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Field,
     GetJsonSchemaHandler,
+    StrictInt,
     ValidationError,
     field_validator,
     model_validator,
@@ -90,13 +91,13 @@ class KernelSpec(Strict):
 class EngineOverrides(Strict):
     """What an arm may change of the profile's engine: the serving conditions a kernel bug hides behind."""
 
-    max_num_batched_tokens: int | None = Field(None, ge=1)
+    max_num_batched_tokens: StrictInt | None = Field(None, ge=1)
     enable_chunked_prefill: bool | None = None
     enable_prefix_caching: bool | None = None
-    block_size: int | None = Field(None, ge=1, le=4096)
+    block_size: StrictInt | None = Field(None, ge=1, le=4096)
     enforce_eager: bool | None = None
     kv_cache_dtype: str | None = Field(None, pattern=r"^[a-z0-9_]+$")
-    max_model_len: int | None = Field(None, ge=16)
+    max_model_len: StrictInt | None = Field(None, ge=16)
 
     @model_validator(mode="before")
     @classmethod
@@ -297,7 +298,7 @@ def load_profiles(directory: Path) -> dict[str, Profile]:
 class RunOverrides(Strict):
     """The short allow-list a trigger may change; everything else comes from the reviewed profile."""
 
-    limit: int | None = Field(None, ge=1, le=100_000, description="Cap every suite at this many items")
+    limit: StrictInt | None = Field(None, ge=1, le=100_000, description="Cap every suite at this many items")
     kernel_variant: Variant | None = None
     canaries: list[Canary] | None = None
     suites: list[str] | None = Field(None, description="Run only these suites of the profile")

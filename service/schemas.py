@@ -11,12 +11,21 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 from service.arms import describe_outcome
 from service.profile_snapshot import digest
 from service.profiles import MAX_ARMS, NAME_PATTERN, ArmSpec, Expectation, Profile, RunOverrides
-from service.text import storable, text_problem
+from service.text import nfc, storable, text_problem, unseen_problem
 
 if TYPE_CHECKING:  # the client parses these documents without the server's database layer
     from service.db.models import Run, SuiteResult
@@ -26,36 +35,45 @@ LABEL_KEY = r"^[a-z][a-z0-9_.-]{0,63}$"
 MAX_LABELS = 20
 MAX_LABEL_VALUE = 512
 MAX_LABEL_FILTERS = MAX_LABELS
+# Labels only the service sets: a batch is a record `kvcanary mutants` makes, never a caller's label.
+RESERVED_LABELS = {"mutation_batch": "mutation batches are started by `kvcanary mutants` (admin), not labelled"}
 INT64_MAX = 2**63 - 1  # ids, offsets and JSON integers past this cannot be stored
 
 T = TypeVar("T")
 
 
 def parse_label_pairs(pairs: Iterable[str]) -> dict[str, str]:
-    """`key=value` strings (CLI options, list filters) as labels; ValueError names the bad one."""
+    """`key=value` strings (CLI options, list filters) as labels, values in NFC; ValueError names the bad one."""
     labels = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         key = key.strip()
         if not sep or not key:
             raise ValueError(f"label {pair[:80]!r} must be key=value, e.g. git_sha=3f2a9c1")
-        labels[key] = value.strip()
+        labels[key] = nfc(value.strip())
     return labels
 
 
 def check_labels(labels: dict[str, str]) -> dict[str, str]:
-    """Labels end up in filters, alerts and pages: bounded, simple keys, printable values."""
+    """Labels end up in filters, alerts, pages and release names: bounded, simple keys, values in NFC
+    that read as they are stored (no control, format or bidi characters), no key the service reserves.
+    Returns them normalised; ValueError names the label and the character."""
     if len(labels) > MAX_LABELS:
         raise ValueError(f"at most {MAX_LABELS} labels")
-    for key, value in labels.items():
+    checked = {}
+    for key, raw in labels.items():
         if not re.match(LABEL_KEY, key):
             raise ValueError(f"label key {key!r} must match {LABEL_KEY}")
-        if len(value) > MAX_LABEL_VALUE or any(ord(c) < 32 for c in value):
-            raise ValueError(f"label {key!r}: at most {MAX_LABEL_VALUE} printable characters")
-        problem = text_problem(value)
+        if key in RESERVED_LABELS:
+            raise ValueError(f"label {key!r} is reserved: {RESERVED_LABELS[key]}")
+        problem = text_problem(raw) or unseen_problem(raw)
         if problem:
             raise ValueError(f"label {key!r}: {problem}")
-    return labels
+        value = nfc(raw)
+        if len(value) > MAX_LABEL_VALUE:
+            raise ValueError(f"label {key!r}: at most {MAX_LABEL_VALUE} printable characters")
+        checked[key] = value
+    return checked
 
 
 class RunCreate(BaseModel):
@@ -344,7 +362,7 @@ class BaselineUpdate(BaseModel):
     tolerance_kind: Literal["absolute", "relative"] | None = None
     tolerance: float | None = Field(None, ge=0, le=10)
     source: Annotated[str, AfterValidator(storable)] | None = Field(None, max_length=1000)
-    reference_run_id: int | None = Field(None, ge=1, le=INT64_MAX)
+    reference_run_id: StrictInt | None = Field(None, ge=1, le=INT64_MAX)
 
     @model_validator(mode="after")
     def _required_fields_not_null(self) -> BaselineUpdate:
