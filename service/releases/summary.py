@@ -237,17 +237,20 @@ def _reasons(run: Run, metrics: Sequence[MetricOutcome], decision: Decision) -> 
     if run.status == "error":
         first = (run.error or "no error recorded").strip().splitlines()[0][:300]
         return [f"errored (run #{run.id}): {first}{decision.after()}"]
-    if decision.outcome == "inconclusive":
-        return [f"was inconclusive (run #{run.id}), which is not a pass: {run.verdict_summary}"]
-    if run.status != "failed":  # a passed A/B run's control arm may fail as the run expected
-        return []
+    if decision.outcome != "inconclusive" and run.status != "failed":
+        return []  # a passed A/B run's control arm may fail as the run expected
     arms = {m.arm for m in metrics}
     reasons = []
     for m in metrics:
-        if m.verdict == "fail":
+        if m.verdict == "inconclusive" and decision.outcome == "inconclusive":
+            arm = f" [{m.arm}]" if len(arms) > 1 else ""
+            reasons.append(f"{m.suite}.{m.metric}{arm} {m.shown} on {m.n} items")
+        elif m.verdict == "fail":
             arm = f" [{m.arm}]" if len(arms) > 1 else ""
             line = f" (pass line {m.threshold_shown})" if m.threshold is not None else ""
             reasons.append(f"{m.suite}.{m.metric}{arm} {m.shown}{line}")
+    if decision.outcome == "inconclusive":
+        return [f"was inconclusive (run #{run.id}), which is not a pass: {', '.join(reasons) or run.verdict_summary}"]
     return [f"failed (run #{run.id}): {', '.join(reasons) or run.verdict_summary}{decision.after()}"]
 
 

@@ -82,13 +82,14 @@ def latest_matrix(session: Session, profile: str, suites: Sequence[str] = ()) ->
     return _with_origin(matrix, record)
 
 
-def settle_run(session: Session, run_id: int, suites: Sequence[str] = ()) -> bool:
-    """Compute and store the matrix of the batch whose run `run_id` is, once it has ended; whether
-    there was one to settle."""
+def settle_run(session: Session, run_id: int) -> bool:
+    """Compute and store the matrix of the batch whose run `run_id` is, once it has ended (columns in
+    the order of the suites of the profile the run kept); whether there was one to settle."""
     record = session.scalar(select(MutationBatch).where(MutationBatch.run_id == run_id))
     run = session.get(Run, run_id)
     if record is None or run is None or run.status not in {s.value for s in FINAL}:
         return False
+    suites = [str(entry["suite"]) for entry in (run.profile_snapshot or {}).get("suites", [])]
     matrix = compute_matrix(session, record.profile, record.batch, run_id, suites)
     record.matrix = matrix.model_dump(mode="json")
     record.settled_at = utcnow()

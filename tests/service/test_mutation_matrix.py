@@ -24,7 +24,7 @@ from service.engine.gpus import refusal
 from service.profile_catalog import configured_profiles
 from service.releases.markdown import release_markdown
 from service.releases.schemas import ReleaseSummary
-from service.runs import mutation, scoring, store
+from service.runs import batches, mutation, scoring, store
 from service.settings import PACKAGED_PROFILES, Settings
 
 PROFILE = "mutant-fixture"
@@ -123,6 +123,7 @@ def finish(
         run.verdict, run.verdict_summary = verdict, summary
         run.error = "; ".join(f"the engine of arm {arm!r} died while gsm8k ran: illegal memory access" for arm in dead)
         run.timings = {f"{mutant}.{suite}_s": s for mutant in seen for suite, s in (("gsm8k", 31.5), ("drift", 12.0))}
+    batches.settle(url, run_id)  # as the pipeline does after a run's last write
 
 
 def queue_batch(settings: Settings, mutants: Sequence[str]) -> tuple[str, int]:
@@ -130,8 +131,9 @@ def queue_batch(settings: Settings, mutants: Sequence[str]) -> tuple[str, int]:
     batch = mutation.new_batch_id()
     with session_scope(settings.resolved_database_url()) as session:
         baselines.seed_from_profiles(session, profiles)
-        run_id = mutation.enqueue_batch(session, profiles[PROFILE], mutants, batch, {"git_sha": "abc"}, "test")
-    return batch, run_id
+        record = batches.start_batch(session, profiles[PROFILE], mutants, batch, {"git_sha": "abc"}, "test", "admin")
+    assert record.run_id is not None
+    return batch, record.run_id
 
 
 def matrix_of(client: TestClient) -> mutation.MutationMatrix:
