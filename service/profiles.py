@@ -29,7 +29,7 @@ from evals import suites as suite_registry
 from evals.suites.base import SuiteConfig
 from kernels.mutants import MUTANTS, VARIANTS
 from service.scheduling.cron import validate as validate_cron
-from service.text import storable
+from service.text import label_value, storable
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 if TYPE_CHECKING:
@@ -179,7 +179,7 @@ class ScheduleSpec(Strict):
     cron: str
     timezone: str = "UTC"
     enabled: bool = False
-    labels: dict[str, Annotated[str, AfterValidator(storable)]] = Field(default_factory=dict)
+    labels: dict[str, Annotated[str, AfterValidator(label_value)]] = Field(default_factory=dict)
     expect: dict[str, Expectation] | None = Field(None, description="Replaces the profile's expect for scheduled runs")
 
     @model_validator(mode="after")

@@ -25,7 +25,7 @@ from pydantic import (
 from service.arms import describe_outcome
 from service.profile_snapshot import digest
 from service.profiles import MAX_ARMS, NAME_PATTERN, ArmSpec, Expectation, Profile, RunOverrides
-from service.text import nfc, storable, text_problem, unseen_problem
+from service.text import label_value, nfc, storable
 
 if TYPE_CHECKING:  # the client parses these documents without the server's database layer
     from service.db.models import Run, SuiteResult
@@ -66,10 +66,10 @@ def check_labels(labels: dict[str, str]) -> dict[str, str]:
             raise ValueError(f"label key {key!r} must match {LABEL_KEY}")
         if key in RESERVED_LABELS:
             raise ValueError(f"label {key!r} is reserved: {RESERVED_LABELS[key]}")
-        problem = text_problem(raw) or unseen_problem(raw)
-        if problem:
-            raise ValueError(f"label {key!r}: {problem}")
-        value = nfc(raw)
+        try:
+            value = label_value(raw)
+        except ValueError as exc:
+            raise ValueError(f"label {key!r}: {exc}") from exc
         if len(value) > MAX_LABEL_VALUE:
             raise ValueError(f"label {key!r}: at most {MAX_LABEL_VALUE} printable characters")
         checked[key] = value

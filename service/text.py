@@ -46,6 +46,14 @@ def nfc(text: str) -> str:
     return unicodedata.normalize("NFC", text)
 
 
+def label_value(text: str) -> str:
+    """A label value as stored: NFC; ValueError when it cannot be stored or holds an unseen character."""
+    problem = text_problem(text) or unseen_problem(text)
+    if problem:
+        raise ValueError(problem)
+    return nfc(text)
+
+
 def storable(text: str) -> str:
     """A pydantic after-validator: `text` unchanged, or ValueError saying what is wrong with it."""
     problem = text_problem(text)
