@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import delete
 
 from evals.logprob_drift import ArmOutput, compare, pack
 from evals.suites.base import MetricValue, Sample, SuiteOutcome
@@ -19,6 +20,7 @@ from service import baselines
 from service.app import create_app
 from service.db.migrate import upgrade
 from service.db.models import Run
+from service.db.models import Sample as SampleRow
 from service.db.session import session_scope
 from service.engine.gpus import refusal
 from service.profile_catalog import configured_profiles
@@ -185,6 +187,12 @@ def test_matrix_of_the_latest_batch(client: TestClient, settings: Settings) -> N
     assert f"| batch_row_shift | caught (at 6 of 40 items, 32 s) [run {run_id}] | caught (at 8 of 12 prompts" in table
     assert "| softmax_scale_drift | missed (pass, 40 items" in table
     assert client.get("/api/v1/profiles/no-such-profile/mutants").status_code == 404
+
+    # Computed once, when the run ended: a read does not search the samples again (they may be gone).
+    assert matrix.settled_at is not None
+    with session_scope(settings.resolved_database_url()) as session:
+        session.execute(delete(SampleRow).where(SampleRow.run_id == run_id))
+    assert matrix_of(client) == matrix
 
 
 def test_profile_page_shows_the_matrix(client: TestClient, settings: Settings) -> None:
