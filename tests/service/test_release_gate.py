@@ -59,14 +59,15 @@ class Service:
         with session_scope(self.url) as session:
             run = session.get(Run, run_id)
             assert run is not None
+            accuracy = run.profile == GSM
             run.status, run.verdict, run.finished_at = status, verdict, utcnow()
             run.verdict_summary = f"{verdict}: " + "; ".join(f"{s}.{m}: {v}" for s, m, _, v, _ in results)
             for suite, metric, value, judged, details in results:
                 session.add(
                     SuiteResult(
                         run_id=run_id, arm="fixed", suite=suite, metric=metric, value=value, n=1319,
-                        direction="higher" if suite == "gsm8k" else "lower", baseline_value=1.0 if suite == "gsm8k" else None,
-                        threshold=0.92 if suite == "gsm8k" else 0.01, verdict=judged, explanation="", details=details,
+                        direction="higher" if accuracy else "lower", baseline_value=1.0 if accuracy else None,
+                        threshold=0.92 if accuracy else 0.01, verdict=judged, explanation="", details=details,
                     )
                 )  # fmt: skip
 
