@@ -236,15 +236,29 @@ def seed(url: str, items: int) -> Seeder:
     seeder.flush()
     seeder.token()
     if seeder.batch_table:
-        from service.db.session import session_scope
-        from service.runs.batches import settle_run
-
-        for profile, run_id in seeder.batches.items():
-            began = time.perf_counter()
-            with session_scope(url) as session:
-                settle_run(session, run_id)
-            print(f"{profile}: batch matrix computed at the batch's end in {time.perf_counter() - began:.1f} s")
+        settle_all(url, seeder)
     return seeder
+
+
+def settle_all(url: str, seeder: Seeder) -> None:
+    """What each run's end computes once (`service.releases.settled`), in the order the runs ended."""
+    from service.db.session import session_scope
+    from service.releases.settled import settle_release
+    from service.runs.batches import settle_run
+    from service.settings import GATE_ROLES
+
+    began = time.perf_counter()
+    for value in seeder.deciding:
+        for run_id in seeder.deciding[value].values():
+            with session_scope(url) as session:
+                settle_release(session, run_id, KEY, GATE_ROLES)
+    runs = sum(len(v) for v in seeder.deciding.values())
+    print(f"release comparisons computed at {runs} deciding runs' ends in {time.perf_counter() - began:.1f} s")
+    for profile, run_id in seeder.batches.items():
+        began = time.perf_counter()
+        with session_scope(url) as session:
+            settle_run(session, run_id)
+        print(f"{profile}: batch matrix computed at the batch's end in {time.perf_counter() - began:.1f} s")
 
 
 def main() -> None:

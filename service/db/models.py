@@ -316,3 +316,17 @@ class MutationBatch(Base):
     mutants: Mapped[list[Any]] = mapped_column(default=list)
     settled_at: Mapped[datetime | None] = mapped_column()
     matrix: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+
+
+class ReleaseComparison(Base):
+    """A run that decides a release against the same profile's run in the previous release: the
+    release page's comparison, computed when the later run ended (it reads every sample of both)."""
+
+    __tablename__ = "release_comparisons"
+    __table_args__ = (UniqueConstraint("previous_run_id", "run_id", name="uq_release_comparisons_pair"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    previous_run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    document: Mapped[dict[str, Any]] = mapped_column()
+    computed_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -21,20 +21,16 @@ from urllib.parse import quote
 from sqlalchemy import ColumnElement, func, literal_column, select
 from sqlalchemy.orm import Session, load_only
 
-from evals import kinds
 from evals import suites as suite_registry
 from service.db.models import Run, SuiteResult
-from service.numbers import format_signed
 from service.profiles import Profile
+from service.releases.comparison import comparison_of
 from service.releases.decision import Decision, RunFacts, decide
 from service.releases.schemas import (
     NOT_RUN,
-    Comparison,
-    MetricChange,
     MetricOutcome,
     MutationScore,
     Outcome,
-    PairedChange,
     ProfileRelease,
     ReleaseIndex,
     ReleaseListing,
@@ -44,7 +40,6 @@ from service.releases.schemas import (
     release_path,
 )
 from service.runs.batches import latest_batch
-from service.runs.compare import CompareError, SuiteDiff, arms_and_suites, diff_runs
 from service.runs.queries import label_is
 from service.schemas import LABEL_KEY
 from service.text import nfc
@@ -254,65 +249,18 @@ def _reasons(run: Run, metrics: Sequence[MetricOutcome], decision: Decision) -> 
     return [f"failed (run #{run.id}): {', '.join(reasons) or run.verdict_summary}{decision.after()}"]
 
 
-def _paired(diff_arm: str, suites: Sequence[SuiteDiff]) -> list[PairedChange]:
-    """Counts from the run diff, as each kind summarises its section (`MetricKind.changes`)."""
-    return [
-        PairedChange(
-            arm=diff_arm,
-            suite=suite.suite,
-            kind=name,
-            metric=c.metric,
-            matched=c.matched,
-            worse=c.worse,
-            better=c.better,
-            summary=c.summary,
-        )
-        for suite in suites
-        for name in suite.kinds
-        for c in kinds.get(name).changes(getattr(suite, name))
-    ]
+def deciding_run(session: Session, key: str, value: str, profile: str, gate_roles: Sequence[str]) -> Run | None:
+    """The run that decides `profile`'s row in release key=value, if one does."""
+    runs = [run for run in _release_runs(session, key, value) if run.profile == profile]
+    decided = _decide(runs, gate_roles).decided
+    return next((run for run in runs if run.id == decided), None)
 
 
-def _compare(
-    session: Session, prev: Run, cur: Run, prev_results: Sequence[SuiteResult], cur_results: Sequence[SuiteResult],
-    base_url: str,
-) -> Comparison:  # fmt: skip
-    before = {(r.arm, r.suite, r.metric): r for r in prev_results}
-    changes = []
-    for r in cur_results:
-        old = before.get((r.arm, r.suite, r.metric))
-        if old is not None:
-            delta = r.value - old.value
-            kind = suite_registry.stored_kind(r.suite, r.metric)
-            numbers = kind.plotted(old.value, old.details) is not None and kind.plotted(r.value, r.details) is not None
-            changes.append(
-                MetricChange(
-                    arm=r.arm, suite=r.suite, metric=r.metric, direction=r.direction, previous=old.value,
-                    current=r.value, delta=delta, worse=delta < 0 if r.direction == "higher" else delta > 0,
-                    previous_shown=kind.display(old.value, old.details, "-"),
-                    current_shown=kind.display(r.value, r.details, "-"),
-                    delta_shown=format_signed(delta) if numbers else "-",
-                )
-            )  # fmt: skip
-    stored_prev, stored_cur = arms_and_suites(session, prev.id), arms_and_suites(session, cur.id)
-    several = len(stored_prev) > 1 or len(stored_cur) > 1
-    arms: list[str | None] = [*sorted(set(stored_prev) & set(stored_cur))] or [None]
-    paired: list[PairedChange] = []
-    links: dict[str, str] = {}
-    problems = []
-    for arm in arms:
-        try:
-            diff = diff_runs(session, prev, cur, arm_a=arm, arm_b=arm, top=1)
-        except CompareError as exc:
-            problems.append(str(exc))
-            continue
-        name = diff.b.arm if arm is None else arm
-        paired.extend(_paired(name, diff.suites))
-        query = f"?arm_a={quote(diff.a.arm, safe='')}&arm_b={quote(diff.b.arm, safe='')}" if several else ""
-        links[name] = f"{base_url}/compare/{prev.id}/{cur.id}{query}"
-    return Comparison(
-        previous_run_id=prev.id, metrics=changes, paired=paired, diff_links=links, problem="; ".join(problems)
-    )
+def next_release(session: Session, key: str, value: str) -> str | None:
+    """The value whose previous release `value` is: the one whose first run came next."""
+    releases = releases_of(session, key)
+    at = next((i for i, r in enumerate(releases) if r.value == value), None)
+    return releases[at - 1].value if at else None
 
 
 def previous_release(session: Session, key: str, value: str) -> str | None:
@@ -389,9 +337,7 @@ def release_summary(
             elif before is None:
                 note = f"no decided gate-grade run of {name} in {key}={previous}"
             else:
-                comparison = _compare(
-                    session, before, decided, results.get(before.id, []), results.get(decided.id, []), base_url
-                )
+                comparison = comparison_of(session, before, decided, base_url)
         rows.append(
             ProfileRelease(
                 profile=name, required=name in required, outcome=decision.outcome, runs=len(by_profile.get(name, [])),

@@ -4,8 +4,8 @@ A batch is made only by `kvcanary mutants` (on the host, or through the admin-on
 `POST /api/v1/mutation-batches`) or by the scheduler, never by a label: the `mutation_batch`
 label a batch's run carries is refused from every trigger, and pages read the newest record,
 not the newest label. The matrix (with each caught cell's turning point, a search quadratic in
-the items) is computed when the batch's run ends (`settle_run`, called by the pipeline after
-the run's last write) and stored on the record; a read returns it as stored. Until then a read
+the items) is computed when the batch's run ends (`settle_run`, which `service.releases.settled`
+calls after the run's last write) and stored on the record; a read returns it as stored. Until then a read
 builds the matrix from the results stored so far, without turning points.
 """
 
@@ -18,7 +18,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.db.models import MutationBatch, Run, utcnow
-from service.db.session import session_scope
 from service.profiles import Profile
 from service.runs.gate_grade import BATCH, stamp
 from service.runs.mutation import MutationMatrix, compute_matrix, enqueue_batch
@@ -97,17 +96,6 @@ def settle_run(session: Session, run_id: int) -> bool:
         "mutation batch %s of %s settled: %s of %s seen", record.batch, record.profile, matrix.caught, len(matrix.rows)
     )
     return True
-
-
-def settle(url: str, run_id: int) -> None:
-    """`settle_run` in its own transaction, after the run's end was committed; a failure is logged
-    (the batch then reads without turning points until `kvcanary doctor --settle`), never raised
-    into the worker."""
-    try:
-        with session_scope(url) as session:
-            settle_run(session, run_id)
-    except Exception:
-        log.exception("run %s: its mutation batch's matrix could not be computed", run_id)
 
 
 def unsettled(session: Session) -> list[int]:

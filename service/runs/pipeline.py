@@ -22,7 +22,8 @@ from service.engine.death import EngineDied
 from service.engine.launcher import EngineStartError
 from service.private_files import private_dir
 from service.profiles import Profile
-from service.runs import batches, scoring
+from service.releases import settled
+from service.runs import scoring
 from service.runs.arm_execution import LOG_TAIL_CHARS, run_arm
 from service.runs.context import EngineFactory, RunContext, RunLost, refuse
 from service.runs.state import Status, transition
@@ -47,7 +48,7 @@ def run_claimed(
     except Exception as exc:
         return refuse(run_id, settings, worker_id, exc)
     status = execute(context)
-    batches.settle(settings.resolved_database_url(), run_id)
+    settled.settle(settings.resolved_database_url(), run_id, settings.release_label, settings.release_gate_roles)
     return status
 
 

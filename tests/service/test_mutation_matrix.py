@@ -125,7 +125,8 @@ def finish(
         run.verdict, run.verdict_summary = verdict, summary
         run.error = "; ".join(f"the engine of arm {arm!r} died while gsm8k ran: illegal memory access" for arm in dead)
         run.timings = {f"{mutant}.{suite}_s": s for mutant in seen for suite, s in (("gsm8k", 31.5), ("drift", 12.0))}
-    batches.settle(url, run_id)  # as the pipeline does after a run's last write
+    with session_scope(url) as session:  # as the pipeline does after a run's last write
+        batches.settle_run(session, run_id)
 
 
 def queue_batch(settings: Settings, mutants: Sequence[str]) -> tuple[str, int]:

@@ -5,7 +5,8 @@ for the CLI on the service's own host) and `runs.exploratory` why the run did no
 as defined ("" when it did): only a run with neither problem decides a release.
 `mutation_batches` holds each batch `kvcanary mutants` started (who, when, which mutants, its
 run) and the matrix computed once when that run ended, so no label a caller sets can choose the
-mutation score a page shows.
+mutation score a page shows. `release_comparisons` keeps a release page's paired comparison of a
+profile's run against its run in the previous release, computed when the later run ended.
 
 Existing rows: the role comes from the token that queued the run (`scheduler` for schedule fires,
 `host` without a token); a run with a `mutation_batch` label, or with a `limit`, `suites`,
@@ -59,6 +60,16 @@ def upgrade() -> None:
         sa.UniqueConstraint("batch", "profile", name="uq_mutation_batches_batch_profile"),
     )
     op.create_index("ix_mutation_batches_profile", "mutation_batches", ["profile", "id"])
+    op.create_table(
+        "release_comparisons",
+        sa.Column("id", sa.Integer(), primary_key=True),
+        sa.Column("previous_run_id", sa.Integer(), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+        sa.Column("run_id", sa.Integer(), sa.ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+        sa.Column("document", sa.JSON(), nullable=False),
+        sa.Column("computed_at", sa.DateTime(timezone=True), nullable=False),
+        sa.UniqueConstraint("previous_run_id", "run_id", name="uq_release_comparisons_pair"),
+    )
+    op.create_index("ix_release_comparisons_run_id", "release_comparisons", ["run_id"])
     bind = op.get_bind()
     runs = sa.table(
         "runs",
@@ -104,6 +115,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_index("ix_release_comparisons_run_id", table_name="release_comparisons")
+    op.drop_table("release_comparisons")
     op.drop_index("ix_mutation_batches_profile", table_name="mutation_batches")
     op.drop_table("mutation_batches")
     with op.batch_alter_table("runs") as batch:
