@@ -32,7 +32,7 @@ def settle_release(session: Session, run_id: int, key: str, gate_roles: Sequence
     mine = deciding_run(session, key, value, run.profile, gate_roles)
     if mine is None or mine.id != run.id:
         return 0
-    pairs = []
+    pairs: list[tuple[Run | None, Run | None]] = []
     before = previous_release(session, key, value)
     if before is not None:
         pairs.append((deciding_run(session, key, before, run.profile, gate_roles), mine))

@@ -242,6 +242,12 @@ def _cell_text(cell: MatrixCell | None) -> str:
     return cell.state
 
 
+def _origin(matrix: MutationMatrix) -> str:
+    if matrix.started_at is None:
+        return ""
+    return f" (started by {matrix.started_by} ({matrix.started_role}) at {matrix.started_at:%Y-%m-%d %H:%M} UTC)"
+
+
 def markdown(matrices: Sequence[MutationMatrix]) -> str:
     """One Markdown table, mutant x (profile, suite), as docs/mutants.md quotes it."""
     columns = [(m, suite) for m in matrices for suite in m.suites]
@@ -263,7 +269,7 @@ def markdown(matrices: Sequence[MutationMatrix]) -> str:
             )
             continue
         lines.append(
-            f"\n{matrix.profile}: batch {matrix.batch}, {matrix.caught} of {len(matrix.rows)} mutants seen "
-            f"by at least one suite; {matrix.judged} of {len(matrix.rows)} judged (their run ended)"
+            f"\n{matrix.profile}: batch {matrix.batch}{_origin(matrix)}, {matrix.caught} of {len(matrix.rows)} "
+            f"mutants seen by at least one suite; {matrix.judged} of {len(matrix.rows)} judged (their run ended)"
         )
     return "\n".join(lines).lstrip("\n")

@@ -47,7 +47,7 @@ def run_here(
     with session_scope(url) as session:
         baselines.seed_from_profiles(session, dict(profiles))
         records = [start_batch(session, profile, mutants, batch, labels, by, HOST) for profile in selected]
-        queued = [(record.profile, record.run_id) for record in records]
+        queued = [(record.profile, record.run_id) for record in records if record.run_id is not None]
     against = ", ".join(mutants)
     for name, run_id in queued:
         began = time.monotonic()

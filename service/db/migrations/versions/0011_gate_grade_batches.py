@@ -102,13 +102,13 @@ def upgrade() -> None:
             .where(runs.c.id == run_id)
             .values(triggered_role=role, exploratory=_exploratory(labels, overrides))
         )
-        batch = labels.get(BATCH_LABEL)
-        if batch and role in ("admin", "host") and (str(batch)[:64], profile) not in seen:
-            seen.add((str(batch)[:64], profile))
+        batch_id = str(labels.get(BATCH_LABEL) or "")[:64]
+        if batch_id and role in ("admin", "host") and (batch_id, profile) not in seen:
+            seen.add((batch_id, profile))
             mutants = [arm["variant"] for arm in arms or [] if arm.get("variant") != "fixed"]
             bind.execute(
                 sa.insert(batches).values(
-                    batch=str(batch)[:64], profile=profile, run_id=run_id, started_by=by or role,
+                    batch=batch_id, profile=profile, run_id=run_id, started_by=by or role,
                     started_role=role, started_at=created_at, mutants=mutants,
                 )
             )  # fmt: skip
