@@ -231,6 +231,11 @@ def _summary_fields(run: Run) -> dict[str, Any]:
 
 class RunDetail(RunSummary):
     verdict_summary: str
+    triggered_role: str = Field("", description="ci, admin, scheduler or host (the CLI on the service's host)")
+    exploratory: str = Field(
+        "",
+        description="Why the run did not run its profile as defined (it then never decides a release); empty: it did",
+    )
     expect: dict[str, str] | None = Field(None, description="Arm name -> what it must do (pass | fail)")
     arm_verdicts: dict[str, str] = Field(
         default_factory=dict, description="Arm name -> pass | fail (any metric failed) | error (its engine died)"
@@ -258,6 +263,8 @@ class RunDetail(RunSummary):
         return cls(
             **_summary_fields(run),
             verdict_summary=run.verdict_summary,
+            triggered_role=run.triggered_role,
+            exploratory=run.exploratory,
             expect=run.expect,
             arm_verdicts=run.arm_verdicts or {},
             outcome_summary=describe_outcome(run.expect, run.arm_verdicts or {}) if run.outcome else "",

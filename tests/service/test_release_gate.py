@@ -111,6 +111,9 @@ def test_a_smoke_run_does_not_lift_a_failed_gate_run_and_the_row_names_both(serv
     assert [(e.id, e.why) for e in row.exploratory] == [(smoke, "limit 1 (the profile runs gsm8k every item)")]
     notes = release_markdown(summary)
     assert f"#{failed}" in notes and f"#{smoke}" in notes and "BLOCKED" in notes
+    detail = service.client.get(f"/api/v1/runs/{smoke}").json()
+    assert (detail["triggered_role"], detail["exploratory"]) == ("ci", "limit 1 (the profile runs gsm8k every item)")
+    assert "exploratory, never decides a release: limit 1" in service.client.get(f"/runs/{smoke}").text
     [listed] = service.client.get("/api/v1/releases").json()["releases"]
     assert listed["state"] == "blocked" and f"run #{smoke}" in listed["line"]
 
