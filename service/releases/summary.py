@@ -1,4 +1,4 @@
-"""The release summary, computed from stored runs, results and samples (nothing is run again).
+"""The release summary, read from stored runs and results and what their ends computed (nothing is run again).
 
 A release is every run carrying one label value (`vllm_version=0.25.1`, `git_sha=3f2a9c1`).
 Per profile its latest decided gate-grade run (passed, failed or errored) speaks for it
@@ -6,8 +6,9 @@ Per profile its latest decided gate-grade run (passed, failed or errored) speaks
 may not decide are listed as exploratory. Which profiles a release needs is configured
 (`KVCANARY_RELEASE_REQUIRED_PROFILES`), never guessed from what happened to run. The previous
 release is the value of the same key whose first run came last before this release's first
-run, unless the caller names one; each profile's row is paired with the same profile's latest
-decided run there, through the same run diff the compare view shows.
+run, unless the caller names one; each profile's row is paired with the same profile's deciding
+run there, through the same run diff the compare view shows, as stored when the later run ended
+(`service.releases.comparison`). The mutation score is the batch record's stored matrix.
 """
 
 from __future__ import annotations
@@ -308,7 +309,7 @@ def release_summary(
     decisions = {p: _decide(rs, gate_roles) for p, rs in by_profile.items()}
     prev_decided = {p: _decide(rs, gate_roles).decided for p, rs in prev_by_profile.items()}
     prev_latest = {p: by_id[i] for p, i in prev_decided.items() if i is not None}
-    chosen = [d.decided for d in decisions.values() if d.decided is not None] + [r.id for r in prev_latest.values()]
+    chosen = [d.decided for d in decisions.values() if d.decided is not None]
     results: dict[int, list[SuiteResult]] = {}
     ordered = (SuiteResult.arm, SuiteResult.suite, SuiteResult.id)
     for row in session.scalars(select(SuiteResult).where(SuiteResult.run_id.in_(chosen)).order_by(*ordered)):
