@@ -117,11 +117,11 @@ def test_stored_runs_get_a_role_a_gate_grade_and_batch_records(empty_database: s
     try:
         with engine.begin() as connection:
             runs, tokens = (Table(name, MetaData(), autoload_with=connection) for name in ("runs", "api_tokens"))
-            ids = {}
+            ids: dict[str, int] = {}
             for role in ("ci", "admin"):
                 row = _filled(tokens, name=f"{role}-bot", role=role, token_hash=role * 10)
-                ids[role] = connection.execute(sa.insert(tokens).values(row)).inserted_primary_key[0]
-            arms = [{"name": n, "variant": n, "engine": {}} for n in ("fixed", "tail_read")]
+                ids[role] = connection.execute(sa.insert(tokens).values(row).returning(tokens.c.id)).scalar_one()
+            arms: list[dict[str, Any]] = [{"name": n, "variant": n, "engine": {}} for n in ("fixed", "tail_read")]
             for given in (
                 {"trigger": "ci", "triggered_by_token_id": ids["ci"], "labels": {"vllm_version": "1"}},
                 {"trigger": "ci", "triggered_by_token_id": ids["ci"], "overrides": {"limit": 1}},
