@@ -17,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Field,
     GetJsonSchemaHandler,
+    StrictInt,
     ValidationError,
     field_validator,
     model_validator,
@@ -28,7 +29,7 @@ from evals import suites as suite_registry
 from evals.suites.base import SuiteConfig
 from kernels.mutants import MUTANTS, VARIANTS
 from service.scheduling.cron import validate as validate_cron
-from service.text import int64, storable
+from service.text import int64, label_value, storable
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 if TYPE_CHECKING:
@@ -113,13 +114,13 @@ class EngineOverrides(Strict):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    max_num_batched_tokens: int | None = Field(None, ge=1)
+    max_num_batched_tokens: StrictInt | None = Field(None, ge=1)
     enable_chunked_prefill: bool | None = None
     enable_prefix_caching: bool | None = None
-    block_size: int | None = Field(None, ge=1, le=4096)
+    block_size: StrictInt | None = Field(None, ge=1, le=4096)
     enforce_eager: bool | None = None
     kv_cache_dtype: str | None = Field(None, pattern=r"^[a-z0-9_]+$")
-    max_model_len: int | None = Field(None, ge=16)
+    max_model_len: StrictInt | None = Field(None, ge=16)
 
     @model_validator(mode="before")
     @classmethod
@@ -201,7 +202,7 @@ class ScheduleSpec(Strict):
     cron: str
     timezone: str = "UTC"
     enabled: bool = False
-    labels: dict[str, Annotated[str, AfterValidator(storable)]] = Field(default_factory=dict)
+    labels: dict[str, Annotated[str, AfterValidator(label_value)]] = Field(default_factory=dict)
     expect: dict[str, Expectation] | None = Field(None, description="Replaces the profile's expect for scheduled runs")
 
     @model_validator(mode="after")
@@ -330,7 +331,7 @@ def load_profiles(directory: Path) -> dict[str, Profile]:
 class RunOverrides(Strict):
     """The short allow-list a trigger may change; everything else comes from the reviewed profile."""
 
-    limit: int | None = Field(None, ge=1, le=100_000, description="Cap every suite at this many items")
+    limit: StrictInt | None = Field(None, ge=1, le=100_000, description="Cap every suite at this many items")
     kernel_variant: Variant | None = None
     canaries: Annotated[list[Canary] | None, AfterValidator(_once)] = None
     suites: Annotated[list[str] | None, AfterValidator(_once)] = Field(

@@ -16,6 +16,8 @@ from service.profiles import NAME_PATTERN
 from service.schemas import LABEL_KEY
 
 PACKAGED_PROFILES = Path(__file__).resolve().parent / "profiles"
+# Who may trigger a run that decides a release: tokens' roles, the scheduler, the CLI on the host.
+GATE_ROLES = ("ci", "admin", "scheduler", "host")
 
 
 class Settings(BaseSettings):
@@ -76,6 +78,10 @@ class Settings(BaseSettings):
     release_required_profiles: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Profiles every release needs passed, comma-separated"
     )
+    release_gate_roles: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(GATE_ROLES),
+        description="Roles whose runs may decide a release (ci, admin, scheduler, host), comma-separated",
+    )
 
     @field_validator("vllm_configs", mode="before")
     @classmethod
@@ -84,7 +90,7 @@ class Settings(BaseSettings):
             return [Path(part) for part in value.split(os.pathsep) if part.strip()]
         return value
 
-    @field_validator("release_required_profiles", mode="before")
+    @field_validator("release_required_profiles", "release_gate_roles", mode="before")
     @classmethod
     def _split_names(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -98,6 +104,16 @@ class Settings(BaseSettings):
         if bad:
             raise ValueError(f"not profile names: {', '.join(map(repr, bad))} (each must match {NAME_PATTERN})")
         return list(dict.fromkeys(names))
+
+    @field_validator("release_gate_roles")
+    @classmethod
+    def _gate_roles(cls, roles: list[str]) -> list[str]:
+        bad = [role for role in roles if role not in GATE_ROLES]
+        if bad:
+            raise ValueError(
+                f"not roles that may gate: {', '.join(map(repr, bad))} (choose from {', '.join(GATE_ROLES)})"
+            )
+        return list(dict.fromkeys(roles))
 
     def resolved_database_url(self) -> str:
         if self.database_url:

@@ -323,9 +323,12 @@ def main() -> int:
         "KVCANARY_ENGINE_PYTHON": os.environ.get("KVCANARY_ENGINE_PYTHON", sys.executable),
         "PYTHONUNBUFFERED": "1",
     }
-    made = subprocess.run(_cli("tokens", "create", "--role", "ci", "--name", f"gpu-gate-{int(time.time())}"), env=env,
-                          capture_output=True, text=True, check=True)  # fmt: skip
-    token = made.stdout.strip().splitlines()[-1]
+    tokens = {}
+    for role in ("ci", "admin"):  # ci submits the runs; a mutation batch is started by an admin
+        made = subprocess.run(_cli("tokens", "create", "--role", role, "--name", f"gpu-gate-{role}-{int(time.time())}"),
+                              env=env, capture_output=True, text=True, check=True)  # fmt: skip
+        tokens[role] = made.stdout.strip().splitlines()[-1]
+    token = tokens["ci"]
     service = _serve(env, url, args.out / "serve.log")
     results = []
     try:
@@ -347,7 +350,7 @@ def main() -> int:
         if "mutants" in groups:
             only = [name for name in args.mutants.split(",") if name]
             fixtures = [name for name in args.mutant_fixtures.split(",") if name]
-            matrices = mutation_matrices({**env, "KVCANARY_TOKEN": token}, url, args.out, only, fixtures)
+            matrices = mutation_matrices({**env, "KVCANARY_TOKEN": tokens["admin"]}, url, args.out, only, fixtures)
     finally:
         service.terminate()
         service.wait(60)

@@ -26,6 +26,7 @@ from service.db.models import ARM_NAME_MAX, Run
 from service.roles import Role
 from service.runs import queries, queue, quotas, removal
 from service.runs.admission import RunRefused, admit, engines_start_here
+from service.runs.gate_grade import exploratory_reasons, stamp
 from service.schemas import (
     LABEL_KEY,
     MAX_LABEL_FILTERS,
@@ -113,6 +114,8 @@ def create_run(
             profile_snapshot=admitted.snapshot(),
             idempotency_key=key,
         )
+        if created:
+            stamp(run, caller.role, exploratory_reasons(profile, body.overrides, body.compare, body.expect))
         changed = [] if created else differences(run, wanted)
         if changed:
             raise HTTPException(

@@ -47,6 +47,7 @@ def run(
     from service.profiles import ArmSpec, RunOverrides
     from service.runs import pipeline, queries, queue
     from service.runs.admission import admit
+    from service.runs.gate_grade import HOST, exploratory_reasons, stamp
     from service.runs.worker import new_worker_id
     from service.settings import get_settings
 
@@ -81,6 +82,7 @@ def run(
             max_attempts=1,
             profile_snapshot=admitted.snapshot(),
         )
+        stamp(queued, HOST, exploratory_reasons(profiles[profile], overrides, arms, expected))
         session.flush()
         run_id = queued.id
         queue.claim_next(session, worker_id, run_id)

@@ -25,7 +25,9 @@ def mutants(
         list[str] | None, typer.Option(help="Only this mutant (repeatable); default: the whole catalogue")
     ] = None,
     url: Annotated[str | None, typer.Option(help="Queue on this kvcanary service instead of running here")] = None,
-    token: Annotated[str | None, typer.Option(envvar="KVCANARY_TOKEN", help="API token (ci role), with --url")] = None,
+    token: Annotated[
+        str | None, typer.Option(envvar="KVCANARY_TOKEN", help="API token (admin role), with --url")
+    ] = None,
     label: Annotated[list[str] | None, typer.Option(help="key=value, repeatable")] = None,
     show: Annotated[bool, typer.Option(help="Print the latest stored matrix; queue nothing")] = False,
     timeout: Annotated[float, typer.Option(min=0, help="With --url: seconds to wait for every run")] = 6 * 3600,
@@ -68,7 +70,7 @@ def _mutants_here(
     from service.db.session import session_scope
     from service.runs import mutation_batch
     from service.runs.admission import RunRefused, fitted
-    from service.runs.mutation import latest_matrix
+    from service.runs.batches import latest_matrix
     from service.settings import get_settings
 
     settings = get_settings()

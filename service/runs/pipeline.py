@@ -22,6 +22,7 @@ from service.engine.death import EngineDied
 from service.engine.launcher import EngineStartError
 from service.private_files import private_dir
 from service.profiles import Profile
+from service.releases import settled
 from service.runs import scoring
 from service.runs.arm_execution import LOG_TAIL_CHARS, run_arm
 from service.runs.context import EngineFactory, RunContext, RunLost, refuse
@@ -40,12 +41,15 @@ def run_claimed(
     engines: EngineFactory | None = None,
 ) -> str:
     """Open the context of a run `worker_id` claimed and execute it; a run that cannot execute
-    here (its stored profile no longer validates, this host lacks its GPUs) ends `error`."""
+    here (its stored profile no longer validates, this host lacks its GPUs) ends `error`. What is
+    computed once from an ended run (a mutation batch's matrix) is computed after its last write."""
     try:
         context = RunContext.open(run_id, settings, profiles, worker_id, engines)
     except Exception as exc:
         return refuse(run_id, settings, worker_id, exc)
-    return execute(context)
+    status = execute(context)
+    settled.settle(settings.resolved_database_url(), run_id, settings.release_label, settings.release_gate_roles)
+    return status
 
 
 def execute(context: RunContext) -> str:

@@ -26,6 +26,7 @@ from service.db.session import session_scope
 from service.profiles import Profile, ScheduleSpec
 from service.runs import queue
 from service.runs.admission import RunRefused, admit
+from service.runs.gate_grade import SCHEDULER, stamp
 from service.runs.state import ACTIVE, Status
 from service.scheduling import cron
 from service.scheduling.schemas import ScheduleOut, ScheduleUpdate
@@ -192,6 +193,7 @@ def _queue_run(
         max_attempts=profile.max_attempts,
         profile_snapshot=admitted.snapshot(),
     )
+    stamp(run, SCHEDULER, "")  # the profile's own schedule block: the profile as defined
     return run.id, ""
 
 

@@ -8,7 +8,7 @@ per second. `ix_runs_fair_order` serves the claim's look-up of when each caller 
 run started.
 
 Revision ID: 0012_quotas_and_coalesced_fires
-Revises: 0010_wer_into_data
+Revises: 0011_gate_grade_batches
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0012_quotas_and_coalesced_fires"
-down_revision = "0010_wer_into_data"
+down_revision = "0011_gate_grade_batches"
 branch_labels = None
 depends_on = None
 
