@@ -8,6 +8,10 @@ compile-time switch (a ``tl.constexpr`` that the fixed variant leaves off, or a 
 argument change), so the fixed kernels' compiled code is the same with or without the catalogue.
 ``legacy`` is ``tail_read`` and ``page_offset_i32`` together: the two seed bugs.
 
+The generated mutants (``kernels.generated_mutants``: operators over the Triton sources, a
+tuning and a held-out half) are kernel variants too, selected the same ways by their ids; the
+catalogue stays for the named bug classes.
+
 This module imports nothing (no torch, no Triton): the service and the CI client read it.
 """
 
@@ -15,6 +19,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from kernels import generated_mutants
 
 UNIFIED = "unified_attention"
 DECODE = "decode_attention_fwd"
@@ -131,8 +137,10 @@ CATALOGUE: tuple[Mutant, ...] = (
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in CATALOGUE}
 LEGACY_PARTS = ("tail_read", "page_offset_i32")
-KERNEL_VARIANTS: tuple[str, ...] = ("fixed", "legacy", *MUTANTS)  # what the launchers take
+GENERATED: tuple[str, ...] = tuple(generated_mutants.kept())  # both halves, in the manifest's order
+KERNEL_VARIANTS: tuple[str, ...] = ("fixed", "legacy", *MUTANTS, *GENERATED)  # what the launchers take
 VARIANTS: tuple[str, ...] = (*KERNEL_VARIANTS, "stock")  # what the plugin and profiles take
+WHERE_LISTED = f"kernels/mutants.py (fixed, legacy, stock, the catalogue) and {generated_mutants.MANIFEST_NAME}"
 
 
 def has(variant: str, mutant: str) -> bool:
@@ -155,9 +163,23 @@ def drifted_scale(scale: float) -> float:
     return scale + math.copysign(2.0 ** (exponent - 7), scale)
 
 
+def unknown_variant(variant: str) -> str:
+    """Why ``variant`` is refused, and where the variants are listed (too many to repeat here)."""
+    return (
+        f"{variant!r} is no kernel variant: fixed, legacy, stock (plugin and profiles only), the catalogue's mutants ({', '.join(MUTANTS)}) "
+        f"or one of the {len(GENERATED)} generated mutants (gen_...); listed in {WHERE_LISTED}"
+    )
+
+
 def check_variant(function: str, variant: str) -> None:
     if variant not in KERNEL_VARIANTS:
-        raise ValueError(f"{function}: variant must be one of {', '.join(KERNEL_VARIANTS)}, got {variant!r}")
+        raise ValueError(f"{function}: {unknown_variant(variant)}")
+
+
+def canaries(variant: str) -> tuple[str, ...]:
+    """What a served run arms so that the variant's condition can occur (none for generated mutants)."""
+    mutant = MUTANTS.get(variant)
+    return mutant.canaries if mutant is not None else ()
 
 
 def catalogue_table() -> str:
