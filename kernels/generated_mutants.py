@@ -65,7 +65,7 @@ class Generated:
     before: str
     after: str
     changes: str
-    status: Literal["kept", "equivalent"]
+    status: Literal["kept", "equivalent", "hangs"]
     half: Half | None
     kernels: tuple[str, ...]
     evidence: dict[str, float | str] = field(default_factory=dict)
@@ -114,6 +114,11 @@ def kept() -> dict[str, Generated]:
     return manifest().kept
 
 
+def largest_half() -> int:
+    """The mutants of the larger half: what one mutation batch's run must hold beside its control."""
+    return max((len(manifest().half(half)) for half in HALVES), default=0)
+
+
 # -- building a family ------------------------------------------------------------------------
 
 
@@ -156,8 +161,9 @@ def _exec_module(name: str, filename: str, tree: ast.Module) -> ModuleType:
 
 def _interpreted() -> bool:
     """Whether the fixed kernels were built for Triton's interpreter (a family is built the same way)."""
-    from kernels._unified_kernel import _unified_attention_kernel
     from triton.runtime.interpreter import InterpretedFunction
+
+    from kernels._unified_kernel import _unified_attention_kernel
 
     return isinstance(_unified_attention_kernel, InterpretedFunction)
 

@@ -50,7 +50,13 @@ SHAPES: tuple[Shape, ...] = (
         (32, 61),
         (16, 16),
     ),
-    Shape("decode_b16", "unified decode, 16-token blocks, unsplit: 33, 64 and 7 keys", "unified_attention", (33, 64, 7), (1, 1, 1)),
+    Shape(
+        "decode_b16",
+        "unified decode, 16-token blocks, unsplit: 33, 64 and 7 keys",
+        "unified_attention",
+        (33, 64, 7),
+        (1, 1, 1),
+    ),
     Shape(
         "split_decode_b16",
         "unified split decode, 16-token blocks: 600 and 9 keys over 16 work items (more pieces than the merge "
@@ -60,7 +66,13 @@ SHAPES: tuple[Shape, ...] = (
         (1, 1),
         num_splits=16,
     ),
-    Shape("mla_p16", "MLA split decode, 16-token pages: 40, 70 and 9 keys over 8 work items", "decode_attention_fwd", (40, 70, 9), num_splits=8),
+    Shape(
+        "mla_p16",
+        "MLA split decode, 16-token pages: 40, 70 and 9 keys over 8 work items",
+        "decode_attention_fwd",
+        (40, 70, 9),
+        num_splits=8,
+    ),
     Shape(
         "mla_p480",
         "MLA split decode, 480-token pages: 500 and 40 keys over 4 work items (64-key tiles meet two pages)",
@@ -69,11 +81,13 @@ SHAPES: tuple[Shape, ...] = (
         page_size=480,
         num_splits=4,
     ),
-)  # fmt: skip
+)
 SHAPE_NAMES = {shape.name: shape for shape in SHAPES}
 
 
-def _pages(gen: torch.Generator, seq_lens: tuple[int, ...], page_size: int) -> tuple[torch.Tensor, int, list[list[int]]]:
+def _pages(
+    gen: torch.Generator, seq_lens: tuple[int, ...], page_size: int
+) -> tuple[torch.Tensor, int, list[list[int]]]:
     """A block table of shuffled page ids (two spare pages a sequence) and the pool size."""
     counts = [-(-n // page_size) + 2 for n in seq_lens]
     total = sum(counts) + 3

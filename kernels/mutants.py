@@ -166,8 +166,9 @@ def drifted_scale(scale: float) -> float:
 def unknown_variant(variant: str) -> str:
     """Why ``variant`` is refused, and where the variants are listed (too many to repeat here)."""
     return (
-        f"{variant!r} is no kernel variant: fixed, legacy, stock (plugin and profiles only), the catalogue's mutants ({', '.join(MUTANTS)}) "
-        f"or one of the {len(GENERATED)} generated mutants (gen_...); listed in {WHERE_LISTED}"
+        f"{variant!r} is no kernel variant: fixed, legacy, stock (plugin and profiles only), the catalogue's "
+        f"mutants ({', '.join(MUTANTS)}) or one of the {len(GENERATED)} generated mutants (gen_...); listed in "
+        f"{WHERE_LISTED}"
     )
 
 
@@ -180,6 +181,30 @@ def canaries(variant: str) -> tuple[str, ...]:
     """What a served run arms so that the variant's condition can occur (none for generated mutants)."""
     mutant = MUTANTS.get(variant)
     return mutant.canaries if mutant is not None else ()
+
+
+def batch(names: list[str] | None, half: str | None) -> list[str]:
+    """The mutants a mutation batch runs: ``names`` (catalogued or generated) and the generated
+    ``half`` ("tuning" or "held-out"); neither: the whole catalogue. ValueError names what is unknown."""
+    unknown = [name for name in names or [] if name not in MUTANTS and name not in GENERATED]
+    if unknown:
+        raise ValueError(
+            f"unknown mutant {', '.join(unknown)}: a catalogued mutant ({', '.join(MUTANTS)}) or a kept generated "
+            f"one (gen_...), listed in {WHERE_LISTED}"
+        )
+    chosen = [*(names or []), *(generated_mutants.manifest().half(half) if half is not None else [])]
+    return list(dict.fromkeys(chosen)) if chosen else list(MUTANTS)
+
+
+def described(variant: str) -> tuple[str, str]:
+    """(what it changes or under which condition, which served fixture reaches it) for a matrix row."""
+    known = MUTANTS.get(variant)
+    if known is not None:
+        return known.condition, known.served
+    made = generated_mutants.kept().get(variant)
+    if made is not None:
+        return f"generated, {made.half} half: {made.summary}", f"kernel level: {', '.join(made.kernels)}"
+    return "not in this catalogue", ""
 
 
 def catalogue_table() -> str:

@@ -3,7 +3,8 @@
 Each operator finds the places in the ``@triton.jit`` functions of ``kernels/_split_kv.py``,
 ``kernels/_unified_kernel.py`` and ``kernels/_decode_kernel.py`` where one kind of kernel bug
 can be made (drop the online-softmax correction, shift a bound by one, skip a tile, round an
-accumulator to bf16, read through a wrong stride...), in source order, so the same sources
+accumulator to bf16, read through a wrong stride...), in source order; where it finds more
+than ``SITES_PER_FILE`` in a file, that many are drawn with a fixed seed, so the same sources
 always give the same mutants. A mutant is one operator at one site; its id
 (``gen_<operator>_<file>_<n>``) names the operator, the file and the site's rank among that
 operator's sites in that file. Its source is the file's syntax tree with that one node
@@ -23,6 +24,7 @@ from __future__ import annotations
 import ast
 import copy
 import math
+import random
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -38,6 +40,9 @@ FILES: dict[str, str] = {
 ACCUMULATORS = ("acc", "l_i", "denom")  # the online softmax's running sums
 CORRECTIONS = ("alpha", "rescale")  # the factors that rescale them when the maximum moves
 STALE = {"m_new": "m_i", "safe_max": "lse_max"}  # the new maximum -> the one before the step
+# An operator with more sites in a file mutates this many of them (drawn with a fixed seed), so
+# that measuring every mutant in the interpreter stays within half an hour on a CPU host.
+SITES_PER_FILE = 5
 
 
 @dataclass(frozen=True)
@@ -115,15 +120,15 @@ def _shift_bound(node: ast.AST) -> ast.AST:
     return ast.Compare(copy.deepcopy(node.left), [_SHIFTED[type(node.ops[0])]()], copy.deepcopy(node.comparators))
 
 
-def _swap_call(a: str, b: str) -> Callable[[ast.AST], ast.AST]:
-    def swap(node: ast.AST) -> ast.AST:
-        assert isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-        new = copy.deepcopy(node)
-        assert isinstance(new.func, ast.Attribute)
-        new.func.attr = b if node.func.attr == a else a
-        return new
+def _min_or_max(node: ast.AST) -> bool:
+    return _is_call(node, "minimum", "maximum")
 
-    return swap
+
+def _swap_min_max(node: ast.AST) -> ast.AST:
+    new = copy.deepcopy(node)
+    assert isinstance(new, ast.Call) and isinstance(new.func, ast.Attribute)
+    new.func.attr = "maximum" if new.func.attr == "minimum" else "minimum"
+    return new
 
 
 def _accumulates(node: ast.AST) -> bool:
@@ -190,6 +195,10 @@ def _skip_last_tile(node: ast.AST) -> ast.AST:
     return new
 
 
+def _cdiv(node: ast.AST) -> bool:
+    return _is_call(node, "cdiv")
+
+
 def _floor_div(node: ast.AST) -> ast.AST:
     """``tl.cdiv(a, b)`` -> ``a // b``: a count that drops the partial last tile or piece."""
     assert isinstance(node, ast.Call)
@@ -243,7 +252,7 @@ def _inexact_constant(node: ast.AST) -> bool:
 
 
 def _round_constant(node: ast.AST) -> ast.AST:
-    assert isinstance(node, ast.Constant)
+    assert isinstance(node, ast.Constant) and isinstance(node.value, float)
     return ast.Constant(bf16(node.value))
 
 
@@ -253,16 +262,16 @@ OPERATORS: tuple[Operator, ...] = (
         "stale_max", "uses the running maximum from before the step where the new one belongs", _stale, _use_stale
     ),
     Operator("bound_shift", "moves a loop, mask or split bound by one (< and <= swapped)", _bound, _shift_bound),
-    Operator("swap_minmax", "takes the minimum where the maximum belongs, or the reverse", lambda n: _is_call(n, "minimum", "maximum"), _swap_call("minimum", "maximum")),
+    Operator("swap_minmax", "takes the minimum where the maximum belongs, or the reverse", _min_or_max, _swap_min_max),
     Operator("narrow_acc", "keeps a running sum in bf16 between steps", _accumulates, _round_bf16),
     Operator("wrong_stride", "steps through a tensor with the stride of another dimension", _strided, _wrong_stride),
     Operator("wrong_index", "loads one element past the index it should", _indexed_load, _index_plus_one),
     Operator("skip_tile", "stops a tile or part loop one step early", _tile_loop, _skip_last_tile),
-    Operator("floor_div", "counts tiles or pieces rounding down (drops the partial one)", lambda n: _is_call(n, "cdiv"), _floor_div),
+    Operator("floor_div", "counts tiles or pieces rounding down (drops the partial one)", _cdiv, _floor_div),
     Operator("drop_mask", "loads without the mask that keeps reads in bounds", _masked_load, _drop_load_mask),
-    Operator("drop_where", "ignores the condition of a tl.where (mask or guard): takes its first value", _where, _drop_where),
-    Operator("bf16_const", "rounds a floating-point constant (log2 e, ln 2, a mask) to bf16", _inexact_constant, _round_constant),
-)  # fmt: skip
+    Operator("drop_where", "ignores a tl.where condition (mask or guard), takes its first value", _where, _drop_where),
+    Operator("bf16_const", "rounds a float constant (log2 e, ln 2) to bf16", _inexact_constant, _round_constant),
+)
 OPERATOR_NAMES = {op.name: op for op in OPERATORS}
 
 
@@ -329,13 +338,23 @@ def _located(tree: ast.Module, operator: Operator) -> list[tuple[str, ast.AST]]:
     return [(function, node) for function, node in _candidates(tree) if operator.finds(node)]
 
 
+def sampled(operator: str, file: str, count: int) -> list[int]:
+    """The ranks of the sites an operator mutates in a file: all, or ``SITES_PER_FILE`` of them
+    drawn with a seed of the operator's and the file's names (the same every time)."""
+    if count <= SITES_PER_FILE:
+        return list(range(count))
+    return sorted(random.Random(f"{operator}:{file}").sample(range(count), SITES_PER_FILE))
+
+
 def sites() -> list[Site]:
-    """Every generated mutant of the current sources, in a fixed order (file, operator, site)."""
+    """The generated mutants of the current sources, in a fixed order (file, operator, site)."""
     found = []
     for file in FILES:
         tree = parse(file)
         for operator in OPERATORS:
-            for rank, (function, node) in enumerate(_located(tree, operator)):
+            located = _located(tree, operator)
+            for rank in sampled(operator.name, file, len(located)):
+                function, node = located[rank]
                 found.append(
                     Site(
                         id=f"gen_{operator.name}_{file}_{rank}",

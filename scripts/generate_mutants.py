@@ -8,9 +8,9 @@ leaves MLA decode as fixed's, by construction: not run), and its max |diff| agai
 recorded per shape. A mutant that raises, dies (a read far out of bounds can kill the
 interpreter's process) or runs past ``--timeout`` (a loop that no longer ends) differs too,
 recorded as ``error: ...``. Mutants equal to fixed on every shape are kept in the manifest as
-``equivalent``, with that evidence; the others are ``kept`` and split once at random with the
-seed into the tuning and the held-out half. Run on a CPU host (the interpreter); about half an
-hour on two cores.
+``equivalent``, with that evidence, and those that ran past the timeout as ``hangs``; the
+others are ``kept`` and split once at random with the seed into the tuning and the held-out
+half. Run on a CPU host (the interpreter); about an hour on two busy cores.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,8 @@ from typing import Any
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere: everything interpreted
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.generated_mutants import HALVES, MANIFEST  # noqa: E402
-from kernels.mutation_ops import FILES, OPERATOR_NAMES, Site, sites  # noqa: E402
+from kernels.generated_mutants import HALVES, MANIFEST
+from kernels.mutation_ops import FILES, OPERATOR_NAMES, Site, sites
 
 # The entry points a file of the kernels is on.
 ON_PATH = {
@@ -42,6 +43,7 @@ ON_PATH = {
 }
 assert set(ON_PATH) == set(FILES)
 DEFAULT_SEED = 20261207
+TIMED_OUT = "ran past"
 
 
 def worker() -> None:
@@ -51,7 +53,10 @@ def worker() -> None:
     from kernels.generated_mutants import ENTRY_POINTS, build_family
     from kernels.unified_attention import unified_attention
 
-    fixed_entries = {"unified_attention": unified_attention, "decode_attention_fwd": decode_attention_fwd}
+    fixed_entries: dict[str, mutant_probes.Entry] = {
+        "unified_attention": unified_attention,
+        "decode_attention_fwd": decode_attention_fwd,
+    }
     fixed = {shape.name: mutant_probes.run(shape, fixed_entries[shape.kernel]) for shape in mutant_probes.SHAPES}
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
@@ -93,7 +98,7 @@ class Worker:
             answer = self.answers.get(timeout=timeout)
         except queue.Empty:
             self.stop()
-            return {"all": f"error: ran past {timeout:g} s (a loop that no longer ends)"}
+            return {"all": f"error: {TIMED_OUT} {timeout:g} s (a loop that no longer ends)"}
         except BrokenPipeError:
             answer = None
         if answer is None:
@@ -146,24 +151,29 @@ def _started() -> Worker:
     return started
 
 
-def differs(evidence: dict[str, float | str]) -> bool:
-    return any(value != 0.0 for value in evidence.values())
+def status(evidence: dict[str, float | str]) -> str:
+    """kept (differs from fixed), equivalent (equal on every shape), or hangs (a loop that no longer
+    ends: a kernel that never returns needs no accuracy gate, and a served run would only time out)."""
+    if any(isinstance(value, str) and TIMED_OUT in value for value in evidence.values()):
+        return "hangs"
+    return "kept" if any(value != 0.0 for value in evidence.values()) else "equivalent"
 
 
 def manifest(all_sites: list[Site], evidence: dict[str, dict[str, float | str]], seed: int) -> dict[str, Any]:
     from kernels.mutant_probes import SHAPES
 
-    kept = [site.id for site in all_sites if differs(evidence[site.id])]
+    statuses = {site.id: status(evidence[site.id]) for site in all_sites}
+    kept = [site.id for site in all_sites if statuses[site.id] == "kept"]
     shuffled = random.Random(seed).sample(kept, len(kept))
     tuning = set(shuffled[: len(kept) // 2])
     entries = []
     for site in all_sites:
-        is_kept = site.id in kept
+        is_kept = statuses[site.id] == "kept"
         entries.append(
             {
                 **asdict(site),
                 "changes": OPERATOR_NAMES[site.operator].changes,
-                "status": "kept" if is_kept else "equivalent",
+                "status": statuses[site.id],
                 "half": (HALVES[0] if site.id in tuning else HALVES[1]) if is_kept else None,
                 "kernels": list(ON_PATH[site.file]),
                 "evidence": evidence[site.id],
@@ -195,8 +205,9 @@ def main() -> int:
     measured = measure(all_sites, args.workers, args.timeout)
     written = manifest(all_sites, measured, args.seed)
     args.out.write_text(json.dumps(written, indent=1) + "\n")
-    kept = [m for m in written["mutants"] if m["status"] == "kept"]
-    print(f"{len(all_sites)} generated, {len(kept)} kept, {len(all_sites) - len(kept)} equivalent; {args.out}")
+    counts = Counter(m["status"] for m in written["mutants"])
+    shown = ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
+    print(f"{len(all_sites)} generated: {shown}; {args.out}")
     return 0
 
 
