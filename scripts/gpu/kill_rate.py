@@ -10,14 +10,15 @@ service's queue), and the matrix is read back with each arm's metrics. Printed, 
 the kill rate per suite and over all suites (caught, or the engine died), and each survivor
 with what it changes and its largest effect (each judged metric's value beside fixed's).
 A survivor whose every number equals fixed's was not reached by the served model: counted
-apart, as the rate's denominator is what the fixture reaches. ``--limit`` takes the first N
-(a sample, for the slow CPU tier). The GPU gate runs it as its ``generated`` group
+apart, as the rate's denominator is what the fixture reaches. ``--limit N`` draws N of them
+with a seed of the fixture's and the half's names (a sample, for the slow CPU tier). The GPU gate runs it as its ``generated`` group
 (``gate_e2e.py``); the CPU tier (``cpu-triton``) runs it against a local ``kvcanary serve``.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -122,7 +123,10 @@ def report(fixture: Fixture, half: str, matrix: MutationMatrix, runs: Mapping[in
 def measure(
     client: httpx.Client, fixture: Fixture, half: str, limit: int | None, timeout_s: float, poll_s: float
 ) -> str:
-    chosen = [m.id for m in reached(fixture, half)][:limit]
+    chosen = [m.id for m in reached(fixture, half)]
+    if limit is not None and limit < len(chosen):
+        drawn = set(random.Random(f"{fixture.name}:{half}").sample(chosen, limit))
+        chosen = [name for name in chosen if name in drawn]
     if not chosen:
         return f"### {fixture.name}, {half} half: no mutant of the half reaches this fixture at kernel level"
     print(f"== {fixture.name}: {len(chosen)} mutants of the {half} half on {fixture.profile}", file=sys.stderr)
@@ -144,7 +148,7 @@ def main() -> int:
     parser.add_argument(
         "--fixture", default="triton-attn-llama,triton-mla-480", help=f"comma list of {', '.join(FIXTURE_NAMES)}"
     )
-    parser.add_argument("--limit", type=int, default=None, help="only the first N reached mutants of each fixture")
+    parser.add_argument("--limit", type=int, default=None, help="a sample of N reached mutants a fixture (seeded)")
     parser.add_argument("--timeout", type=float, default=12 * 3600)
     parser.add_argument("--out", type=Path, default=None, help="also write the report here")
     args = parser.parse_args()

@@ -93,3 +93,48 @@ def test_the_cli_runs_a_half_and_refuses_an_unknown_one(tmp_path: Path) -> None:
     assert wrong.returncode == 2 and "half must be one of tuning, held-out" in wrong.stderr
     unknown = cli("--mutant", "gen_no_such_site_0", "drift-tiny-cpu-triton")
     assert unknown.returncode == 2 and "generated_mutants.json" in unknown.stderr
+
+
+def test_the_kill_rate_counts_caught_and_dead_arms_and_lists_survivors_apart_from_unreached() -> None:
+    """kill_rate.py's report over a matrix and run documents as the API returns them."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "gpu"))
+    import kill_rate
+
+    caught, dead, survivor, unreached = HELD_OUT[:4]
+
+    def cell(suite: str, state: str) -> mutation.MatrixCell:
+        return mutation.MatrixCell(suite=suite, state=state)  # type: ignore[arg-type]
+
+    states = {caught: ("caught", "missed"), dead: ("died", "died"), survivor: ("missed", "missed")}
+    states[unreached] = ("missed", "missed")
+    rows = [
+        mutation.MatrixRow(
+            mutant=name,
+            run_id=7,
+            status="failed",
+            condition="",
+            served="",
+            cells={"drift": cell("drift", drift), "gsm8k": cell("gsm8k", gsm8k)},
+        )
+        for name, (drift, gsm8k) in states.items()
+    ]
+    matrix = mutation.MutationMatrix(
+        profile="mutants-tiny-gpu", batch="b", suites=["drift", "gsm8k"], rows=rows, caught=2, judged=4
+    )
+
+    def metric(arm: str, suite: str, value: float, excess: float = 0.0) -> dict[str, object]:
+        name = "kl" if suite == "drift" else "strict-match"
+        return {"arm": arm, "suite": suite, "metric": name, "value": value, "verdict": "pass",
+                "details": {"dlogprob_excess": excess} if suite == "drift" else {}}  # fmt: skip
+
+    metrics = [metric("fixed", "drift", 0.0), metric("fixed", "gsm8k", 0.99)]
+    metrics += [metric(survivor, "drift", 3e-5, 4e-4), metric(survivor, "gsm8k", 0.99)]
+    metrics += [metric(unreached, "drift", 0.0), metric(unreached, "gsm8k", 0.99)]
+    text = kill_rate.report(kill_rate.FIXTURE_NAMES["triton-attn-llama"], "held-out", matrix, {7: {"metrics": metrics}})
+    assert "| drift | 2 | 3 | 67% |" in text and "| gsm8k | 1 | 3 | 33% |" in text
+    assert "| **any suite** | **2** | **3** | **67%** |" in text
+    survivors, not_reached = text.split("Survivors:")[1].split("Not reached when served:")
+    assert f"`{survivor}`" in survivors and "drift.kl 3e-05 (fixed 0)" in survivors and "0.0004" in survivors
+    assert manifest().kept[survivor].before in survivors
+    assert f"`{unreached}`" in not_reached and f"`{unreached}`" not in survivors
+    assert "1 computed fixed's numbers when served" in text
