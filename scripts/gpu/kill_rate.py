@@ -11,8 +11,9 @@ the kill rate per suite and over all suites (caught, or the engine died), and ea
 with what it changes and its largest effect (each judged metric's value beside fixed's).
 A survivor whose every number equals fixed's was not reached by the served model: counted
 apart, as the rate's denominator is what the fixture reaches. ``--limit N`` draws N of them
-with a seed of the fixture's and the half's names (a sample, for the slow CPU tier). The GPU gate runs it as its ``generated`` group
-(``gate_e2e.py``); the CPU tier (``cpu-triton``) runs it against a local ``kvcanary serve``.
+with a seed of the fixture's and the half's names (a sample, for the slow CPU tier). The GPU
+gate runs it as its ``generated`` group (``gate_e2e.py``); the CPU tier (``cpu-triton``) runs
+it against a local ``kvcanary serve``.
 """
 
 from __future__ import annotations
