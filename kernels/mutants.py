@@ -163,18 +163,17 @@ def drifted_scale(scale: float) -> float:
     return scale + math.copysign(2.0 ** (exponent - 7), scale)
 
 
-def unknown_variant(variant: str) -> str:
-    """Why ``variant`` is refused, and where the variants are listed (too many to repeat here)."""
+def unknown_variant() -> str:
+    """What an unknown variant is told: the kinds, and where they are listed (too many to repeat)."""
     return (
-        f"{variant!r} is no kernel variant: fixed, legacy, stock (plugin and profiles only), the catalogue's "
-        f"mutants ({', '.join(MUTANTS)}) or one of the {len(GENERATED)} generated mutants (gen_...); listed in "
-        f"{WHERE_LISTED}"
+        f"no kernel variant: fixed, legacy, stock (plugin and profiles only), the catalogue's mutants "
+        f"({', '.join(MUTANTS)}) or one of the {len(GENERATED)} generated mutants (gen_...); listed in {WHERE_LISTED}"
     )
 
 
 def check_variant(function: str, variant: str) -> None:
     if variant not in KERNEL_VARIANTS:
-        raise ValueError(f"{function}: {unknown_variant(variant)}")
+        raise ValueError(f"{function}: variant {variant!r} is {unknown_variant()}")
 
 
 def canaries(variant: str) -> tuple[str, ...]:

@@ -81,7 +81,7 @@ class PluginConfig:
         if not variant:
             return None
         if variant not in VARIANTS:
-            raise ValueError(f"KVCANARY_KERNEL_VARIANT: {unknown_variant(variant)}")
+            raise ValueError(f"KVCANARY_KERNEL_VARIANT={variant!r} is {unknown_variant()}")
         allow = env.get("KVCANARY_ALLOW_UNVERIFIED_VLLM", "0").strip()
         if allow not in ("0", "1", ""):
             raise ValueError(f"KVCANARY_ALLOW_UNVERIFIED_VLLM={allow!r}; expected 1 or 0")

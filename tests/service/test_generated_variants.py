@@ -52,7 +52,7 @@ def test_the_plugin_an_arm_and_the_engine_take_a_held_out_id() -> None:
 def test_unknown_ids_are_refused_with_where_the_variants_are_listed() -> None:
     with pytest.raises(ValueError, match=r"kernels/generated_mutants\.json") as refused:
         PluginConfig.from_env({"KVCANARY_KERNEL_VARIANT": "gen_no_such_site_0"})
-    assert "'gen_no_such_site_0' is no kernel variant" in str(refused.value)
+    assert "KVCANARY_KERNEL_VARIANT='gen_no_such_site_0' is no kernel variant" in str(refused.value)
     with pytest.raises(ValidationError):
         ArmSpec.model_validate("gen_no_such_site_0")
 
