@@ -103,7 +103,7 @@ def test_the_kill_rate_counts_caught_and_dead_arms_and_lists_survivors_apart_fro
     caught, dead, survivor, unreached = HELD_OUT[:4]
 
     def cell(suite: str, state: str) -> mutation.MatrixCell:
-        return mutation.MatrixCell(suite=suite, state=state)  # type: ignore[arg-type]
+        return mutation.MatrixCell(suite=suite, state=state)
 
     states = {caught: ("caught", "missed"), dead: ("died", "died"), survivor: ("missed", "missed")}
     states[unreached] = ("missed", "missed")
