@@ -10,7 +10,7 @@ interpreter's process) or runs past ``--timeout`` (a loop that no longer ends) d
 recorded as ``error: ...``. Mutants equal to fixed on every shape are kept in the manifest as
 ``equivalent``, with that evidence, and those that ran past the timeout as ``hangs``; the
 others are ``kept`` and split once at random with the seed into the tuning and the held-out
-half. Run on a CPU host (the interpreter); about an hour on two busy cores.
+half. Run on a CPU host (the interpreter); 25 minutes on two busy cores.
 """
 
 from __future__ import annotations
