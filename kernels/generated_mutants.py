@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import importlib.util
 import json
 import linecache
 import os
