@@ -191,8 +191,14 @@ def batch(names: list[str] | None, half: str | None) -> list[str]:
             f"unknown mutant {', '.join(unknown)}: a catalogued mutant ({', '.join(MUTANTS)}) or a kept generated "
             f"one (gen_...), listed in {WHERE_LISTED}"
         )
-    chosen = [*(names or []), *(generated_mutants.manifest().half(half) if half is not None else [])]
-    return list(dict.fromkeys(chosen)) if chosen else list(MUTANTS)
+    if not names and half is None:
+        return list(MUTANTS)
+    chosen = list(dict.fromkeys([*(names or []), *(generated_mutants.manifest().half(half) if half else [])]))
+    if not chosen:
+        raise ValueError(
+            f"the {half} half of {generated_mutants.MANIFEST_NAME} is empty: run scripts/generate_mutants.py"
+        )
+    return chosen
 
 
 def described(variant: str) -> tuple[str, str]:

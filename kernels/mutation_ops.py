@@ -167,7 +167,7 @@ def _wrong_stride(node: ast.AST) -> ast.AST:
 
 
 def _strided(node: ast.AST) -> bool:
-    """A stride that has a sibling of another dimension in the same function (set by ``_sites``)."""
+    """A stride that has a sibling of another dimension in the same function (``_candidates`` marks it)."""
     return _is_stride(node) and getattr(node, "_sibling", False)
 
 
