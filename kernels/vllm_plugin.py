@@ -3,7 +3,8 @@
 vLLM calls `register()` in every process it starts (API server, model inspection, engine core,
 workers). The engine launcher drives it through the environment:
 
-    KVCANARY_KERNEL_VARIANT         fixed | legacy | stock | a mutant (kernels.mutants); unset: the plugin does nothing
+    KVCANARY_KERNEL_VARIANT         fixed | legacy | stock | a mutant (kernels.mutants, catalogued or generated);
+                                    unset: the plugin does nothing
     KVCANARY_CANARIES               comma list of nan_kv_tail, high_block_ids (default none)
     KVCANARY_RECEIPT_DIR            folder for receipt-<pid>.json files (unset: no receipts)
     KVCANARY_ALLOW_UNVERIFIED_VLLM  1 to run on a vLLM release the plugin was not built for
@@ -54,7 +55,7 @@ from kernels.canaries import (
     parse_canaries,
     reverse_free_order,
 )
-from kernels.mutants import VARIANTS
+from kernels.mutants import VARIANTS, unknown_variant
 from kernels.receipt import write_receipt
 
 logger = logging.getLogger("kvcanary.plugin")
@@ -80,7 +81,7 @@ class PluginConfig:
         if not variant:
             return None
         if variant not in VARIANTS:
-            raise ValueError(f"KVCANARY_KERNEL_VARIANT={variant!r}; expected one of {', '.join(VARIANTS)}")
+            raise ValueError(f"KVCANARY_KERNEL_VARIANT={variant!r} is {unknown_variant()}")
         allow = env.get("KVCANARY_ALLOW_UNVERIFIED_VLLM", "0").strip()
         if allow not in ("0", "1", ""):
             raise ValueError(f"KVCANARY_ALLOW_UNVERIFIED_VLLM={allow!r}; expected 1 or 0")

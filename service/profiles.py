@@ -27,6 +27,7 @@ from pydantic_core import CoreSchema
 
 from evals import suites as suite_registry
 from evals.suites.base import SuiteConfig
+from kernels.generated_mutants import largest_half
 from kernels.mutants import MUTANTS, VARIANTS
 from service.scheduling.cron import validate as validate_cron
 from service.text import int64, label_value, storable
@@ -40,8 +41,9 @@ Canary = Literal["nan_kv_tail", "high_block_ids"]
 Expectation = Literal["pass", "fail"]
 ARM_NAME_PATTERN = r"^[a-z0-9_]+(,[a-z_]+=[a-z0-9_]+)*$"
 ARM_NAME_MAX = 200  # what the arm columns of samples and results hold
-# A run's arms: a control and every catalogued mutant fit in one (a mutation batch), and one more.
-MAX_ARMS = len(MUTANTS) + 2
+# A run's arms: a control and every catalogued mutant, or either half of the generated ones, fit
+# in one (a mutation batch), and one more.
+MAX_ARMS = max(len(MUTANTS), largest_half()) + 2
 
 
 class ProfileError(ValueError):

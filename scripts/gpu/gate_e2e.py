@@ -5,11 +5,15 @@ launcher, suites, scoring and store); the table printed at the end is read back 
 service's API, and each row is checked against what the gate must show. Run it through
 `scripts/gpu/gate_e2e.sh`, which sets up vLLM and kvcanary's dependencies first.
 
-    python scripts/gpu/gate_e2e.py --out OUT [--rows gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,mutants]
+    python scripts/gpu/gate_e2e.py --out OUT \
+        [--rows gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,mutants,generated]
 
 The `mutants` group runs `kvcanary mutants --url` for each GPU fixture (its profile with the drift
 and GSM8k suites): fixed and every mutant of kernels.mutants as the arms of one run, and prints the matrix as
-docs/mutants.md quotes it (also written to OUT/mutants-<fixture>.md).
+docs/mutants.md quotes it (also written to OUT/mutants-<fixture>.md). The `generated` group does the same
+for the generated mutants each fixture reaches, one half after the other (`--halves`, default
+held-out,tuning), and prints the kill rate per suite and fixture with every survivor (kill_rate.py; also
+written to OUT/kill-rate-<half>.md).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import kill_rate
 
 from service.numbers import format_number
 
@@ -298,10 +303,11 @@ def main() -> int:
     parser.add_argument(
         "--rows",
         default="gsm8k,whisper,mla,legacy",
-        help="groups (gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,mutants) or row keys, run in this order",
+        help="groups (gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,mutants,generated) or row keys, in order",
     )
     parser.add_argument("--port", type=int, default=8077)
     parser.add_argument("--mutants", default="", help="with the mutants group: only these mutants (comma list)")
+    parser.add_argument("--halves", default="held-out,tuning", help="with the generated group: these halves, in order")
     parser.add_argument(
         "--mutant-fixtures",
         default="",
@@ -313,6 +319,7 @@ def main() -> int:
     # In the order asked, so that what matters most runs first under a host's time limit.
     selected = list({row.key: row for item in asked for row in rows() if item in (row.group, row.key)}.values())
     matrices: list[tuple[str, int, float, str]] = []
+    killed: list[str] = []
     args.out.mkdir(parents=True, exist_ok=True)
     data_dir = args.out / "data"
     url = f"http://127.0.0.1:{args.port}"
@@ -347,6 +354,14 @@ def main() -> int:
             problems = row.check(run)
             results.append((row, run, time.monotonic() - began, problems))
             (args.out / f"run-{row.key}.json").write_text(json.dumps(run, indent=1, default=str))
+        if "generated" in groups:
+            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
+                for half in args.halves.split(","):
+                    gpu_profiles = {p for _, profiles in MUTANT_FIXTURES for p in profiles}
+                    gpu_fixtures = [f for f in kill_rate.FIXTURES if f.profile in gpu_profiles]
+                    reports = [kill_rate.measure(client, f, half, None, 12 * 3600, 5.0) for f in gpu_fixtures]
+                    killed.append("\n\n".join(reports))
+                    (args.out / f"kill-rate-{half}.md").write_text(killed[-1] + "\n")
         if "mutants" in groups:
             only = [name for name in args.mutants.split(",") if name]
             fixtures = [name for name in args.mutant_fixtures.split(",") if name]
@@ -362,6 +377,8 @@ def main() -> int:
             "| decode \\|Δ logprob\\| over the floor [90% CI] | first divergence | decided by | seconds |"
         )
         printed += f"\n\n{head}\n|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(per_condition)
+    for report in killed:
+        printed += f"\n\n{report}"
     for fixture, code, seconds, matrix in matrices:
         printed += f"\n\n### mutants, {fixture} (kvcanary mutants exit {code}, {seconds / 60:.1f} min)\n\n{matrix}"
     print(printed)

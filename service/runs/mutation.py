@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from evals import suites as suite_registry
 from evals.verdict import _SEVERITY, judge_ab
+from kernels import mutants as catalogue
 from kernels.mutants import MUTANTS
 from service.db.models import Run, SuiteResult
 from service.profiles import ArmSpec, Profile, RunOverrides
@@ -86,7 +87,7 @@ def run_request(
     that make the mutants' conditions reachable added to the profile's (fixed must pass them all).
     A mutant named twice is one arm."""
     mutants = list(dict.fromkeys(mutants))
-    needed = [canary for mutant in mutants for canary in MUTANTS[mutant].canaries]
+    needed = [canary for mutant in mutants for canary in catalogue.canaries(mutant)]
     canaries = list(dict.fromkeys([*profile_canaries, *needed]))
     body: dict[str, Any] = {
         "profile": profile,
@@ -208,15 +209,15 @@ def compute_matrix(
         if name not in runs:
             continue
         run = runs[name]
-        known = MUTANTS.get(name)
+        condition, served = catalogue.described(name)
         rows.append(
             MatrixRow(
                 mutant=name,
                 run_id=run.id,
                 status=run.status,
                 cells=_cells(session, run, name, columns, turning_points),
-                condition=known.condition if known else "not in this catalogue",
-                served=known.served if known else "",
+                condition=condition,
+                served=served,
             )
         )
     finals = {s.value for s in FINAL}

@@ -313,7 +313,7 @@ def test_the_profiles_default_arms_run_unless_the_request_names_its_own(service:
         ({"compare": ["fixed", "stock"], "expect": {"legacy": "fail"}}, "expect names legacy, not an arm"),
         ({"compare": ["fixed", "fixed"]}, "compare lists an arm twice"),
         (
-            {"compare": ["fixed", *MUTANTS, *(f"fixed,max_num_batched_tokens={64 + i}" for i in range(2))]},
+            {"compare": ["fixed", *(f"fixed,max_num_batched_tokens={64 + i}" for i in range(MAX_ARMS))]},
             f"List should have at most {MAX_ARMS} items",
         ),
         ({"expect": {"fixed": "caught"}}, "Input should be 'pass' or 'fail'"),
