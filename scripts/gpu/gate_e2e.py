@@ -355,7 +355,8 @@ def main() -> int:
             results.append((row, run, time.monotonic() - began, problems))
             (args.out / f"run-{row.key}.json").write_text(json.dumps(run, indent=1, default=str))
         if "generated" in groups:
-            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
+            admin = {"Authorization": f"Bearer {tokens['admin']}"}  # a batch is started by an admin
+            with httpx.Client(base_url=url, headers=admin, timeout=60) as client:
                 for half in args.halves.split(","):
                     gpu_profiles = {p for _, profiles in MUTANT_FIXTURES for p in profiles}
                     gpu_fixtures = [f for f in kill_rate.FIXTURES if f.profile in gpu_profiles]

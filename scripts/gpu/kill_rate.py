@@ -144,7 +144,7 @@ def measure(
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True, help="a kvcanary service (kvcanary serve) whose worker runs the batch")
-    parser.add_argument("--token", default=None, help="API token (ci role)")
+    parser.add_argument("--token", default=None, help="API token (admin role: batches are records an admin starts)")
     parser.add_argument("--half", choices=HALVES, default="held-out")
     parser.add_argument(
         "--fixture", default="triton-attn-llama,triton-mla-480", help=f"comma list of {', '.join(FIXTURE_NAMES)}"
