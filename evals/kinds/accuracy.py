@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from pydantic import BaseModel, Field
 
 from evals.kinds import Change, MetricKind, Samples
+from evals.records import Sample
 from evals.stats import accuracy_mde, accuracy_stderr, mcnemar_exact, wilson_interval
-from evals.suites.base import Sample
 from evals.verdict import POWER, Baseline, Measured, MetricJudgement, Paired, check_inputs, decide
 
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from evals.invariance import _mean, judge_invariance
 from evals.kinds import MetricKind, Samples
 from evals.kinds.drift import display, plotted
-from evals.suites.base import Sample
+from evals.records import Sample
 
 NON_FINITE_SEVERITY = 1e30
 

@@ -15,8 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from evals.kinds import Change, MetricKind, Samples
+from evals.records import Sample
 from evals.stats import bootstrap_wer_interval, paired_bootstrap_wer, wer_mde, wer_stderr
-from evals.suites.base import Sample
 from evals.verdict import POWER, Baseline, Measured, MetricJudgement, Paired, check_inputs, decide
 
 NAME = "mean"

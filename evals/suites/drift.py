@@ -41,15 +41,8 @@ from evals.drift_verdict import DEFAULT_DLOGPROB_MARGIN, DEFAULT_KL_MARGIN, kl_v
 from evals.kinds.drift import KIND as DRIFT
 from evals.kinds.drift import NOT_FINITE
 from evals.logprob_drift import ArmOutput, PromptDrift, compare, pack, unpack
-from evals.suites.base import (
-    MetricSpec,
-    MetricValue,
-    Sample,
-    SuiteConfig,
-    SuiteContext,
-    SuiteDefinition,
-    SuiteOutcome,
-)
+from evals.records import MetricValue, Sample
+from evals.suites.base import MetricSpec, SuiteConfig, SuiteContext, SuiteDefinition, SuiteOutcome
 from evals.suites.logprob_client import Client
 
 NAME = "drift"

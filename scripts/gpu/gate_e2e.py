@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from service.numbers import format_number
+from evals.numbers import format_number
 
 Check = Callable[[dict[str, Any]], list[str]]
 

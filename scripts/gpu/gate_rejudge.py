@@ -19,7 +19,8 @@ from pathlib import Path
 
 from sqlalchemy import delete, select
 
-from evals.suites.base import MetricValue, SuiteOutcome
+from evals.records import MetricValue
+from evals.suites.base import SuiteOutcome
 from service import baselines
 from service.db.migrate import upgrade
 from service.db.models import Baseline, BaselineChange, Run, SuiteResult

@@ -20,9 +20,9 @@ from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from evals.numbers import format_number
 from service.arms import describe_outcome
 from service.db.models import Run, SuiteResult
-from service.numbers import format_number
 from service.runs.state import Status
 
 Kind = Literal["run_failed", "run_error", "run_warned", "verdict_changed", "run_unexpected"]

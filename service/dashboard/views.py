@@ -15,11 +15,11 @@ from sqlalchemy.orm import Session
 from evals import kinds
 from evals import suites as suite_registry
 from evals.kinds import MetricKind
+from evals.numbers import format_number
 from evals.verdict import Baseline, threshold
 from service.baselines import list_baselines
 from service.db.models import Run, SuiteResult
 from service.db.models import Sample as SampleRow
-from service.numbers import format_number
 from service.schemas import BaselineOut
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from service.numbers import format_number, format_signed
+from evals.numbers import format_number, format_signed
 from service.releases.schemas import NOT_RUN, MetricOutcome, ProfileRelease, ReleaseSummary
 
 _ESCAPED = {ord(c): "\\" + c for c in "\\`*_{}[]<>|#!&~$"}

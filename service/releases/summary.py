@@ -21,8 +21,8 @@ from sqlalchemy import ColumnElement, func, literal_column, select
 from sqlalchemy.orm import Session, load_only
 
 from evals import kinds
+from evals.numbers import format_number
 from service.db.models import Run, SuiteResult
-from service.numbers import format_number
 from service.profiles import Profile
 from service.releases.schemas import (
     NOT_RUN,

@@ -15,8 +15,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from evals import suites as suite_registry
+from evals.records import MetricValue, Sample
 from evals.suites import shown
-from evals.suites.base import MetricValue, Sample, SuiteOutcome
+from evals.suites.base import SuiteOutcome
 from evals.verdict import Baseline, MetricJudgement, judge_ab, run_verdict
 from service.arms import arm_verdicts
 from service.arms import outcome as expectation_outcome

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from evals.invariance import Observation, judge_invariance, observe, row, skipped
+from evals.invariance_conditions import InvarianceConfig
 from evals.kinds.invariance import KIND as INVARIANCE
 from evals.kinds.invariance import diff_invariance
 from evals.logprob_drift import PromptDrift
-from evals.suites.base import Sample
-from evals.suites.invariance import InvarianceConfig
+from evals.records import Sample
 from evals.verdict import Baseline
 
 PROMPT_LEN = 10
