@@ -3,8 +3,9 @@
 An arm is a kernel variant plus engine overrides (`service.profiles.ArmSpec`); its name,
 `variant[,key=value...]`, keys every stored row. This module decides a run's arms and
 expectations (the request's, else the profile's), checks them against the profile's engine
-(`service.profiles.check_arms`, the check a profile's own validation makes), builds the profile an arm's engine is started from, and turns per-arm
-verdicts into the run's outcome against its expectations.
+(`service.profiles.check_arms`, the check a profile's own validation makes), builds the
+profile an arm's engine is started from, and turns per-arm verdicts into the run's outcome
+against its expectations.
 
 An arm *fails* when any metric judged for it has the verdict `fail`; it *passes* otherwise
 (inconclusive and no-baseline metrics included, as they pass a run). The reference arm of a

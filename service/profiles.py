@@ -344,14 +344,20 @@ def describe(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def load_profile(path: Path) -> Profile:
-    """Parse and validate one profile file; relative local paths resolve beside the file."""
+def read_mapping(path: Path, what: str) -> dict[str, Any]:
+    """A YAML file that holds a mapping (`what` names it in the error: "a profile"), else ProfileError."""
     try:
         raw: Any = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise ProfileError(f"{path}: cannot read YAML: {exc}") from exc
     if not isinstance(raw, dict):
-        raise ProfileError(f"{path}: a profile is a mapping, got {type(raw).__name__}")
+        raise ProfileError(f"{path}: {what} is a mapping, got {type(raw).__name__}")
+    return raw
+
+
+def load_profile(path: Path) -> Profile:
+    """Parse and validate one profile file; relative local paths resolve beside the file."""
+    raw = read_mapping(path, "a profile")
     raw.setdefault("name", path.stem)
     if raw["name"] != path.stem:
         raise ProfileError(f"{path}: name {raw['name']!r} must match the file name {path.stem!r}")

@@ -26,6 +26,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "evals.numbers": PACKAGES,
     "evals.retry_after": PACKAGES,
     "evals.registry": PACKAGES,
+    "evals.pool": PACKAGES,
 }
 
 Graph = dict[str, set[str]]

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 from pydantic import model_validator
 
-from evals import retry, stats
+from evals import pool, retry, stats
 from evals.kinds import wer as kind
 from evals.records import MetricValue, Sample
 from evals.suites.base import MetricSpec, SuiteAborted, SuiteConfig, SuiteContext, SuiteDefinition, SuiteOutcome
@@ -196,26 +196,18 @@ def _transcript(response: httpx.Response) -> tuple[str, str | None]:
 
 async def _transcribe_all(context: SuiteContext, todo: list[Utterance], finished: list[Sample], total: int) -> None:
     config: WerConfig = context.config
-    pending = iter(todo)  # shared by the workers; the event loop never runs two `next` at once
     limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
     async with httpx.AsyncClient(timeout=config.request_timeout_s, limits=limits) as client:
         transcriber = _Transcriber(context, client)
 
-        async def worker() -> None:
-            for utterance in pending:
-                hypothesis, error = await transcriber.transcribe(utterance)
-                sample = score(utterance, hypothesis, error)
-                context.emit_samples([sample])
-                finished.append(sample)
-                context.progress(len(finished), total)
+        async def one(utterance: Utterance) -> None:
+            hypothesis, error = await transcriber.transcribe(utterance)
+            sample = score(utterance, hypothesis, error)
+            context.emit_samples([sample])
+            finished.append(sample)
+            context.progress(len(finished), total)
 
-        workers = [asyncio.create_task(worker()) for _ in range(min(config.concurrency, len(todo)))]
-        try:
-            await asyncio.gather(*workers)
-        finally:
-            for task in workers:
-                task.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+        await pool.each(todo, config.concurrency, one)
 
 
 def run(context: SuiteContext) -> SuiteOutcome:

@@ -50,13 +50,7 @@ def baseline_for(session: Session, profile: str, suite: str, metric: str) -> tup
     )
     if row is None:
         return None, None
-    baseline = Baseline(
-        value=row.value,
-        direction="lower" if row.direction == "lower" else "higher",
-        tolerance_kind="relative" if row.tolerance_kind == "relative" else "absolute",
-        tolerance=row.tolerance,
-        source=row.source,
-    )
+    baseline = Baseline.stored(row.value, row.direction, row.tolerance_kind, row.tolerance, row.source)
     return baseline, row.reference_run_id
 
 
