@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from evals.numbers import format_number
+from evals.records import Sample
 from evals.registry import Registry
 
 if TYPE_CHECKING:
-    from evals.records import Sample
     from evals.verdict import Judge
 
-Samples = Mapping[str, "Sample"]
+Samples = Mapping[str, Sample]
 
 _MODULES = (
     "evals.kinds.accuracy",

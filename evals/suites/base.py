@@ -5,6 +5,7 @@ A suite gets a live OpenAI-compatible server URL and a `SuiteContext`, and retur
 `context.emit_samples` as they are finished, so a run that dies mid-suite keeps them.
 It declares every metric it reports with its kind (`evals.kinds`): scoring, run
 diffs, the sample store and the dashboard read, judge and show a metric through its kind.
+What it produces, `Sample` and `MetricValue`, lives below the kinds in `evals.records`.
 """
 
 from __future__ import annotations
