@@ -281,6 +281,66 @@ class Profile(Strict):
         return {entry.suite: entry.config() for entry in self.suites}
 
 
+def read_mapping(path: Path, what: str) -> dict[str, Any]:
+    """A YAML file that holds a mapping (`what` names it in the error: "a profile"), else ProfileError."""
+    try:
+        raw: Any = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ProfileError(f"{path}: cannot read YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{path}: {what} is a mapping, got {type(raw).__name__}")
+    return raw
+
+
+def load_profile(path: Path) -> Profile:
+    """Parse and validate one profile file; relative local paths resolve beside the file."""
+    raw = read_mapping(path, "a profile")
+    raw.setdefault("name", path.stem)
+    if raw["name"] != path.stem:
+        raise ProfileError(f"{path}: name {raw['name']!r} must match the file name {path.stem!r}")
+    try:
+        return Profile.model_validate(raw)
+    except ValidationError as exc:
+        raise ProfileError(f"{path}: {describe(exc)}") from exc
+    except (KeyError, ValueError) as exc:
+        raise ProfileError(f"{path}: {exc}") from exc
+
+
+def load_profiles(directory: Path) -> dict[str, Profile]:
+    """All profiles in a folder by name; one bad file fails loudly rather than vanishing."""
+    if not directory.is_dir():
+        raise ProfileError(f"profiles folder {directory} does not exist")
+    return {p.stem: load_profile(p) for p in sorted(directory.glob("*.yaml")) if re.match(NAME_PATTERN, p.stem)}
+
+
+class RunOverrides(Strict):
+    """The short allow-list a trigger may change; everything else comes from the reviewed profile."""
+
+    limit: int | None = Field(None, ge=1, le=100_000, description="Cap every suite at this many items")
+    kernel_variant: Variant | None = None
+    canaries: list[Canary] | None = None
+    suites: list[str] | None = Field(None, description="Run only these suites of the profile")
+
+
+def apply_overrides(profile: Profile, overrides: RunOverrides) -> Profile:
+    """A copy of `profile` with the overrides in place, validated again as a whole."""
+    data = profile.model_dump()
+    if overrides.suites is not None:
+        unknown = set(overrides.suites) - {entry["suite"] for entry in data["suites"]}
+        if unknown:
+            raise ProfileError(f"overrides.suites: {sorted(unknown)} not in profile {profile.name}")
+        data["suites"] = [entry for entry in data["suites"] if entry["suite"] in overrides.suites]
+        data["baselines"] = {k: v for k, v in data["baselines"].items() if k in overrides.suites}
+    if overrides.limit is not None:
+        for entry in data["suites"]:
+            entry["limit"] = overrides.limit
+    if overrides.kernel_variant is not None:
+        data["kernels"]["variant"] = overrides.kernel_variant
+    if overrides.canaries is not None:
+        data["kernels"]["canaries"] = overrides.canaries
+    return Profile.model_validate(data)
+
+
 def check_arms(
     profile: Profile,
     arms: Sequence[ArmSpec],
@@ -342,63 +402,3 @@ def describe(error: ValidationError) -> str:
         where = ".".join(str(p) for p in item["loc"]) or "(top level)"
         parts.append(f"{where}: {item['msg']}")
     return "; ".join(parts)
-
-
-def read_mapping(path: Path, what: str) -> dict[str, Any]:
-    """A YAML file that holds a mapping (`what` names it in the error: "a profile"), else ProfileError."""
-    try:
-        raw: Any = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ProfileError(f"{path}: cannot read YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ProfileError(f"{path}: {what} is a mapping, got {type(raw).__name__}")
-    return raw
-
-
-def load_profile(path: Path) -> Profile:
-    """Parse and validate one profile file; relative local paths resolve beside the file."""
-    raw = read_mapping(path, "a profile")
-    raw.setdefault("name", path.stem)
-    if raw["name"] != path.stem:
-        raise ProfileError(f"{path}: name {raw['name']!r} must match the file name {path.stem!r}")
-    try:
-        return Profile.model_validate(raw)
-    except ValidationError as exc:
-        raise ProfileError(f"{path}: {describe(exc)}") from exc
-    except (KeyError, ValueError) as exc:
-        raise ProfileError(f"{path}: {exc}") from exc
-
-
-def load_profiles(directory: Path) -> dict[str, Profile]:
-    """All profiles in a folder by name; one bad file fails loudly rather than vanishing."""
-    if not directory.is_dir():
-        raise ProfileError(f"profiles folder {directory} does not exist")
-    return {p.stem: load_profile(p) for p in sorted(directory.glob("*.yaml")) if re.match(NAME_PATTERN, p.stem)}
-
-
-class RunOverrides(Strict):
-    """The short allow-list a trigger may change; everything else comes from the reviewed profile."""
-
-    limit: int | None = Field(None, ge=1, le=100_000, description="Cap every suite at this many items")
-    kernel_variant: Variant | None = None
-    canaries: list[Canary] | None = None
-    suites: list[str] | None = Field(None, description="Run only these suites of the profile")
-
-
-def apply_overrides(profile: Profile, overrides: RunOverrides) -> Profile:
-    """A copy of `profile` with the overrides in place, validated again as a whole."""
-    data = profile.model_dump()
-    if overrides.suites is not None:
-        unknown = set(overrides.suites) - {entry["suite"] for entry in data["suites"]}
-        if unknown:
-            raise ProfileError(f"overrides.suites: {sorted(unknown)} not in profile {profile.name}")
-        data["suites"] = [entry for entry in data["suites"] if entry["suite"] in overrides.suites]
-        data["baselines"] = {k: v for k, v in data["baselines"].items() if k in overrides.suites}
-    if overrides.limit is not None:
-        for entry in data["suites"]:
-            entry["limit"] = overrides.limit
-    if overrides.kernel_variant is not None:
-        data["kernels"]["variant"] = overrides.kernel_variant
-    if overrides.canaries is not None:
-        data["kernels"]["canaries"] = overrides.canaries
-    return Profile.model_validate(data)
