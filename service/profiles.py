@@ -281,17 +281,6 @@ class Profile(Strict):
         return {entry.suite: entry.config() for entry in self.suites}
 
 
-def read_mapping(path: Path, what: str) -> dict[str, Any]:
-    """A YAML file that holds a mapping (`what` names it in the error: "a profile"), else ProfileError."""
-    try:
-        raw: Any = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ProfileError(f"{path}: cannot read YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ProfileError(f"{path}: {what} is a mapping, got {type(raw).__name__}")
-    return raw
-
-
 def load_profile(path: Path) -> Profile:
     """Parse and validate one profile file; relative local paths resolve beside the file."""
     raw = read_mapping(path, "a profile")
@@ -339,6 +328,17 @@ def apply_overrides(profile: Profile, overrides: RunOverrides) -> Profile:
     if overrides.canaries is not None:
         data["kernels"]["canaries"] = overrides.canaries
     return Profile.model_validate(data)
+
+
+def read_mapping(path: Path, what: str) -> dict[str, Any]:
+    """A YAML file that holds a mapping (`what` names it in the error: "a profile"), else ProfileError."""
+    try:
+        raw: Any = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ProfileError(f"{path}: cannot read YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{path}: {what} is a mapping, got {type(raw).__name__}")
+    return raw
 
 
 def check_arms(
