@@ -281,6 +281,14 @@ class Profile(Strict):
         return {entry.suite: entry.config() for entry in self.suites}
 
 
+def describe(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        parts.append(f"{where}: {item['msg']}")
+    return "; ".join(parts)
+
+
 def load_profile(path: Path) -> Profile:
     """Parse and validate one profile file; relative local paths resolve beside the file."""
     raw = read_mapping(path, "a profile")
@@ -394,11 +402,3 @@ def refusals(profile: Profile, arm: ArmSpec, canaries: Iterable[str]) -> list[st
             "to start (no prompt longer than one step's budget could be served); enable chunked prefill or raise it"
         )
     return reasons
-
-
-def describe(error: ValidationError) -> str:
-    parts = []
-    for item in error.errors():
-        where = ".".join(str(p) for p in item["loc"]) or "(top level)"
-        parts.append(f"{where}: {item['msg']}")
-    return "; ".join(parts)
