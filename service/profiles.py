@@ -7,6 +7,7 @@ beside their tolerance) plus the source of each baseline and the kernel injectio
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -48,6 +49,10 @@ MAX_ARMS = max(len(MUTANTS), largest_half()) + 2
 
 class ProfileError(ValueError):
     """A profile file that cannot be used: the message names file, field and reason."""
+
+
+class ArmError(ProfileError):
+    """Arms or expectations a run cannot have; the message names the arm and the reason."""
 
 
 class Strict(BaseModel):
@@ -137,6 +142,19 @@ class EngineOverrides(Strict):
         return value
 
 
+# The engine flag each override becomes (booleans as --flag / --no-flag).
+FLAGS = {
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "enable_chunked_prefill": "--enable-chunked-prefill",
+    "enable_prefix_caching": "--enable-prefix-caching",
+    "block_size": "--block-size",
+    "enforce_eager": "--enforce-eager",
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "max_model_len": "--max-model-len",
+}
+assert set(FLAGS) == set(EngineOverrides.model_fields), "every override needs its engine flag"
+
+
 class ArmSpec(Strict):
     """One arm: a kernel variant plus engine overrides. Written as a mapping or as its name,
     `variant[,key=value...]` (e.g. `fixed,max_num_batched_tokens=64`), which it is also stored by."""
@@ -180,6 +198,10 @@ class ArmSpec(Strict):
         settings = self.engine.model_dump(exclude_none=True)
         shown = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in sorted(settings.items())}
         return ",".join([self.variant, *(f"{k}={v}" for k, v in shown.items())])
+
+    def on(self, engine: EngineSpec) -> EngineSpec:
+        """A profile's engine with this arm's overrides in place."""
+        return engine.model_copy(update=self.engine.model_dump(exclude_none=True))
 
     def stored(self) -> dict[str, Any]:
         """How a run keeps it (runs.arms), and how the run document shows it."""
@@ -275,11 +297,10 @@ class Profile(Strict):
 
     @model_validator(mode="after")
     def _arms_fit_the_engine(self) -> Profile:
-        from service import arms  # arms reads profiles; imported here to keep the import one-way
-
-        arms.plan(self, RunOverrides(), None, None)
+        arms = self.compare or []
+        check_arms(self, arms, self.kernels.variant, self.kernels.canaries, self.expect)
         if self.schedule is not None and self.schedule.expect is not None:
-            arms.plan(self, RunOverrides(), None, self.schedule.expect)
+            check_arms(self, arms, self.kernels.variant, self.kernels.canaries, self.schedule.expect)
         return self
 
     def suite_configs(self) -> dict[str, SuiteConfig]:
@@ -306,12 +327,7 @@ def describe(error: ValidationError) -> str:
 
 def load_profile(path: Path) -> Profile:
     """Parse and validate one profile file; relative local paths resolve beside the file."""
-    try:
-        raw: Any = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ProfileError(f"{path}: cannot read YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ProfileError(f"{path}: a profile is a mapping, got {type(raw).__name__}")
+    raw = read_mapping(path, "a profile")
     raw.setdefault("name", path.stem)
     if raw["name"] != path.stem:
         raise ProfileError(f"{path}: name {raw['name']!r} must match the file name {path.stem!r}")
@@ -358,3 +374,69 @@ def apply_overrides(profile: Profile, overrides: RunOverrides) -> Profile:
     if overrides.canaries is not None:
         data["kernels"]["canaries"] = overrides.canaries
     return Profile.model_validate(data)
+
+
+def read_mapping(path: Path, what: str) -> dict[str, Any]:
+    """A YAML file that holds a mapping (`what` names it in the error: "a profile"), else ProfileError."""
+    try:
+        raw: Any = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ProfileError(f"{path}: cannot read YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{path}: {what} is a mapping, got {type(raw).__name__}")
+    return raw
+
+
+def check_arms(
+    profile: Profile,
+    arms: Sequence[ArmSpec],
+    variant: str,
+    canaries: Iterable[str],
+    expect: Mapping[str, Expectation] | None,
+) -> None:
+    """ArmError when an arm is listed twice, the profile's engine cannot run one, or `expect`
+    names an arm the run does not have (none listed: the one arm of `variant`)."""
+    names = [arm.name for arm in arms]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ArmError(f"compare lists arm {', '.join(twice)} more than once; each arm must differ")
+    problems = [f"arm {arm.name}: {reason}" for arm in arms for reason in refusals(profile, arm, canaries)]
+    if problems:
+        raise ArmError("; ".join(problems))
+    if not expect:
+        return
+    known = names or [ArmSpec(variant=variant).name]
+    unknown = [name for name in expect if name not in known]
+    if unknown:
+        raise ArmError(f"expect names {', '.join(unknown)}, not an arm of this run; its arms: {', '.join(known)}")
+
+
+def _given_flags(engine: EngineSpec) -> set[str]:
+    return {arg.split("=", 1)[0].replace("--no-", "--") for arg in engine.extra_args if arg.startswith("--")}
+
+
+def refusals(profile: Profile, arm: ArmSpec, canaries: Iterable[str]) -> list[str]:
+    """Why the profile's engine cannot run this arm; empty when it can."""
+    reasons = []
+    overrides = arm.engine.model_dump(exclude_none=True)
+    in_extra = _given_flags(profile.engine)
+    for key in overrides:
+        if FLAGS[key] in in_extra:
+            reasons.append(
+                f"{key}: profile {profile.name!r} passes {FLAGS[key]} in engine.extra_args, which would win over "
+                f"the arm; set engine.{key} in the profile instead"
+            )
+    dtype = overrides.get("kv_cache_dtype")
+    if dtype not in (None, "auto") and (arm.variant != "stock" or list(canaries)):
+        reasons.append(
+            f"kv_cache_dtype={dtype}: kvcanary's kernels read only fp16, bf16 and fp32 KV pages, not a quantised "
+            "KV cache; only an arm with variant stock and no canaries (vLLM's own kernels) can take it"
+        )
+    engine = arm.on(profile.engine)
+    budget, length = engine.max_num_batched_tokens, engine.max_model_len
+    if engine.enable_chunked_prefill is False and budget is not None and length is not None and budget < length:
+        reasons.append(
+            f"max_num_batched_tokens={budget} is below max_model_len={length} with chunked prefill off: vLLM refuses "
+            "to start (no prompt longer than one step's budget could be served); enable chunked prefill or raise it"
+        )
+    return reasons

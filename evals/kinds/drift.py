@@ -16,8 +16,8 @@ from pydantic import BaseModel, Field
 from evals.drift_verdict import judge_drift
 from evals.kinds import Change, MetricKind, Samples
 from evals.logprob_drift import compare, unpack
-from evals.suites.base import Sample
-from service.numbers import format_number
+from evals.numbers import format_number
+from evals.records import Sample
 
 NOT_FINITE = 1e30  # a non-finite KL where a number must be stored: above any KL, and still a JSON number
 # (an infinity is not); the judgement's `kl_finite` flag says it is not a KL

@@ -17,7 +17,7 @@ from evals.invariance import _mean
 from evals.invariance_verdict import judge_invariance
 from evals.kinds import MetricKind, Samples
 from evals.kinds.drift import display, plotted
-from evals.suites.base import Sample
+from evals.records import Sample
 
 NON_FINITE_SEVERITY = 1e30
 

@@ -5,6 +5,7 @@ A suite gets a live OpenAI-compatible server URL and a `SuiteContext`, and retur
 `context.emit_samples` as they are finished, so a run that dies mid-suite keeps them.
 It declares every metric it reports with its kind (`evals.kinds`): scoring, run
 diffs, the sample store and the dashboard read, judge and show a metric through its kind.
+What it produces, `Sample` and `MetricValue`, lives below the kinds in `evals.records`.
 """
 
 from __future__ import annotations
@@ -17,42 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
+from evals.records import MetricValue, Sample
+
 if TYPE_CHECKING:  # the kinds compute with numpy; the bare client install has none
     from evals.kinds import MetricKind
 
 
 class SuiteAborted(RuntimeError):
     """Raised by a suite when the run was cancelled or the engine died under it."""
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One evaluated item, the same from suite to store to API: `correct` holds the 0/1 flags of
-    accuracy metrics; whatever else a metric kind keeps per item (word counts, per-item scores, drift
-    rows) lives in `data`, under the names its module (`evals.kinds.<kind>`) gives it."""
-
-    key: str
-    prompt_hash: str
-    target: str
-    response: str
-    extracted: Mapping[str, str] = field(default_factory=dict)
-    correct: Mapping[str, bool] = field(default_factory=dict)
-    prompt: str = ""
-    error: str | None = None
-    data: Mapping[str, Any] = field(default_factory=dict)  # what each metric kind keeps, by its own names
-
-
-@dataclass(frozen=True)
-class MetricValue:
-    """One score a suite reports; `direction` says which way is better."""
-
-    name: str
-    value: float
-    n: int
-    stderr: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    direction: str = "higher"
 
 
 @dataclass(frozen=True)

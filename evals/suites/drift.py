@@ -36,20 +36,13 @@ from typing import Any
 import httpx
 from pydantic import Field
 
-from evals import fixtures
+from evals import fixtures, pool
 from evals.drift_verdict import DEFAULT_DLOGPROB_MARGIN, DEFAULT_KL_MARGIN, DEFAULT_TAIL_MARGIN, kl_value
 from evals.kinds.drift import KIND as DRIFT
 from evals.kinds.drift import NOT_FINITE
 from evals.logprob_drift import ArmOutput, PromptDrift, compare, pack, unpack
-from evals.suites.base import (
-    MetricSpec,
-    MetricValue,
-    Sample,
-    SuiteConfig,
-    SuiteContext,
-    SuiteDefinition,
-    SuiteOutcome,
-)
+from evals.records import MetricValue, Sample
+from evals.suites.base import MetricSpec, SuiteConfig, SuiteContext, SuiteDefinition, SuiteOutcome
 from evals.suites.logprob_client import Client
 
 NAME = "drift"
@@ -179,23 +172,15 @@ async def _run_arm(
     """Each prompt's greedy output and its teacher-forced scores of `forced[key]` (or its own
     sequence); `finished` hears of each prompt as it completes."""
     outputs: dict[str, ArmOutput] = {}
-    pending = iter(prompts)
 
-    async def worker() -> None:
-        for prompt in pending:
-            tokens, logprobs, top = await client.generate(prompt.ids)
-            sequence = forced.get(prompt.key) or [*prompt.ids, *tokens]
-            prefill_top, prefill_own = await client.score(sequence)
-            outputs[prompt.key] = ArmOutput(tokens, logprobs, top, prefill_top, prefill_own)
-            finished(prompt, outputs[prompt.key])
+    async def one(prompt: Prompt) -> None:
+        tokens, logprobs, top = await client.generate(prompt.ids)
+        sequence = forced.get(prompt.key) or [*prompt.ids, *tokens]
+        prefill_top, prefill_own = await client.score(sequence)
+        outputs[prompt.key] = ArmOutput(tokens, logprobs, top, prefill_top, prefill_own)
+        finished(prompt, outputs[prompt.key])
 
-    workers = [asyncio.create_task(worker()) for _ in range(min(concurrency, len(prompts)))]
-    try:
-        await asyncio.gather(*workers)
-    finally:
-        for task in workers:
-            task.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
+    await pool.each(prompts, concurrency, one)
     return outputs
 
 

@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 import kill_rate
 
-from service.numbers import format_number
+from evals.numbers import format_number
 
 Check = Callable[[dict[str, Any]], list[str]]
 

@@ -30,7 +30,8 @@ from typing import Any
 from sqlalchemy import delete, select
 
 from evals import invariance
-from evals.suites.base import MetricValue, SuiteOutcome
+from evals.records import MetricValue
+from evals.suites.base import SuiteOutcome
 from evals.suites.drift import recompare
 from service import baselines
 from service.arms import engine_change, run_arms

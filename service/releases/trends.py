@@ -15,8 +15,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, load_only
 
 from evals import suites as suite_registry
+from evals.numbers import format_number
 from service.db.models import Run, SuiteResult
-from service.numbers import format_number
 from service.releases.decision import DECIDED
 from service.releases.schemas import release_path
 

@@ -14,7 +14,8 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from evals import suites as suite_registry
-from evals.suites.base import Sample, SuiteAborted, SuiteContext, SuiteOutcome
+from evals.records import Sample
+from evals.suites.base import SuiteAborted, SuiteContext, SuiteOutcome
 from service.arms import apply as apply_arm
 from service.arms import engine_change
 from service.db.models import Run

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from evals import suites
 from evals.kinds.accuracy import judge_accuracy
 from evals.kinds.wer import judge_wer
-from evals.suites.base import MetricValue, Sample
+from evals.records import MetricValue, Sample
 from evals.verdict import Baseline, MetricJudgement, run_verdict
 from service.db.models import Baseline as BaselineRow
 from service.db.models import Run, utcnow

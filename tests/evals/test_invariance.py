@@ -16,12 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evals.invariance import CONDITIONS, Observation, observe, row, skipped
+from evals.invariance_conditions import InvarianceConfig
 from evals.invariance_verdict import judge_invariance
 from evals.kinds.invariance import KIND as INVARIANCE
 from evals.kinds.invariance import diff_invariance
 from evals.logprob_drift import PromptDrift
-from evals.suites.base import Sample
-from evals.suites.invariance import InvarianceConfig
+from evals.records import Sample
 from evals.verdict import Baseline
 
 PROMPT_LEN = 10

@@ -22,14 +22,14 @@ from pydantic import ValidationError
 from sqlalchemy import MetaData, Table, create_engine
 
 from kernels.mutants import MUTANTS
-from service.arms import ArmError, describe_outcome, engine_change, parse_compare, parse_expect, plan, run_arms
+from service.arms import describe_outcome, engine_change, parse_compare, parse_expect, plan, run_arms
 from service.auth import Role
 from service.cli.common import exit_code
 from service.db.migrate import upgrade
 from service.db.models import Run, SuiteResult
 from service.db.session import session_scope
 from service.engine.launcher import build_argv
-from service.profiles import MAX_ARMS, ArmSpec, Profile, ProfileError, RunOverrides, load_profile
+from service.profiles import MAX_ARMS, ArmError, ArmSpec, Profile, ProfileError, RunOverrides, load_profile
 from service.report import write_junit
 from service.schemas import RunCreate, RunDetail
 from service.settings import PACKAGED_PROFILES

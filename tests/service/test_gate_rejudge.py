@@ -17,7 +17,7 @@ from sqlalchemy import select
 from evals import suites as suite_registry
 from evals.invariance import row
 from evals.logprob_drift import PromptDrift
-from evals.suites.base import Sample
+from evals.records import Sample
 from service.db.migrate import upgrade
 from service.db.models import Run
 from service.db.session import session_scope

@@ -15,7 +15,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import delete
 
 from evals.logprob_drift import ArmOutput, compare, pack
-from evals.suites.base import MetricValue, Sample, SuiteOutcome
+from evals.records import MetricValue, Sample
+from evals.suites.base import SuiteOutcome
 from service import baselines
 from service.app import create_app
 from service.db.migrate import upgrade
