@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session
 
 from evals import kinds
 from evals import suites as suite_registry
+from evals.numbers import format_signed
 from service.db.models import ReleaseComparison, Run, SuiteResult, utcnow
-from service.numbers import format_signed
 from service.releases.schemas import Comparison, MetricChange, PairedChange
 from service.runs.compare import CompareError, SuiteDiff, arms_and_suites, diff_runs
 
