@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from kernels import _import_hooks, _vllm_compat, vllm_plugin
-from kernels._adapters import make_adapter
+from kernels._adapters import Selection, make_adapter
 from kernels._vllm_compat import TARGETS, Target, UnsupportedVLLMError, check_version
 from kernels.canaries import KVPoisoner, describe_kv_caches, parse_canaries, reverse_free_order
 from kernels.receipt import read_receipts, write_receipt
@@ -238,7 +238,7 @@ def test_adapter_serves_vllm_call_with_kvcanary_kernel_and_variant(monkeypatch: 
             "triton_attn.unified_attention",
             vllm_unified,
             unified_attention,
-            variant,
+            Selection(variant),
             lambda v=variant: calls.append(v),
         )
         out = nan_like(q)
@@ -300,7 +300,7 @@ def test_adapter_drops_only_inert_arguments_the_kernel_lacks() -> None:
 
     def vllm_side(q: Any, rswa_window: int | None = None, chunk_lookback: int = -1) -> None: ...
 
-    adapter = make_adapter("t", vllm_side, older_kernel, "legacy", lambda: None)
+    adapter = make_adapter("t", vllm_side, older_kernel, Selection("legacy"), lambda: None)
     adapter(1, rswa_window=None, chunk_lookback=-1)
     assert seen == {"q": 1, "variant": "legacy"}
     with pytest.raises(NotImplementedError, match="rswa_window=128"):
