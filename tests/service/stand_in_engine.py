@@ -4,10 +4,10 @@ It is a stand-in, not the engine: an HTTP server in this process that answers th
 completions requests of the real GSM8k suite (lm-eval's stock task on the committed fixture
 data) with each question's stored answer, a wrong one, or nothing, and that can fail to start
 or die after a number of answers. Started `switchable`, it serves the arms after its first in
-turn (`switch` takes on the next arm's behaviour), as a shared vLLM engine does. The tests that use it are about what the pipeline does
-around an engine (which arm runs when, what is stored, how a death, a cancel or a lost claim
-ends the run); what vLLM itself does is the engine tier's business (test_gate_e2e.py and
-the other `@pytest.mark.engine` tests start real engines).
+turn (`switch` takes on the next arm's behaviour), as a shared vLLM engine does. The tests that
+use it are about what the pipeline does around an engine (which arm runs when, what is stored,
+how a death, a cancel or a lost claim ends the run); what vLLM itself does is the engine
+tier's business (test_gate_e2e.py and the other `@pytest.mark.engine` tests start real engines).
 """
 
 from __future__ import annotations

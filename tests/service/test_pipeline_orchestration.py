@@ -237,7 +237,8 @@ def test_one_arms_engine_dying_leaves_the_other_judged_and_the_run_in_error(
     assert [kind for kind, _ in events(sqlite_url, run_id)].count("arm_error") == 1
     assert {arm for arm, _ in results(sqlite_url, run_id)} == {"legacy"}  # judged against the baseline alone
     assert [engine.arms for engine in engines.started] == [["fixed"], ["legacy"]]  # a fresh one after the death
-    assert any("arm legacy: engine 2 starts (the engine of arm fixed is gone)" in m for _, m in events(sqlite_url, run_id))
+    said = [message for _, message in events(sqlite_url, run_id)]
+    assert "arm legacy: engine 2 starts (the engine of arm fixed is gone)" in said
 
 
 # shared engines
