@@ -281,6 +281,34 @@ def test_the_api_queues_arms_in_either_form_and_documents_each(service: LiveServ
     assert "max_num_batched_tokens 64" in page.text and "not judged yet" in page.text
 
 
+def test_a_trigger_may_ask_for_fresh_engines_and_the_run_shows_which_arms_shared_one(service: LiveService) -> None:
+    """`overrides.arm_engines: fresh` is stored with the run's profile; the engine facts a worker
+    writes (here by hand: the worker is off) become the run's engine groups, on the API and the page."""
+    fresh = post(
+        service, {"profile": "gsm8k-tiny-cpu", "compare": ["fixed", "legacy"], "overrides": {"arm_engines": "fresh"}}
+    )
+    assert fresh.status_code == 201, fresh.text
+    assert fresh.json()["profile_snapshot"]["arm_engines"] == "fresh" and fresh.json()["engine_groups"] == []
+    run = post(service, {"profile": "gsm8k-tiny-cpu", "compare": ["fixed", "legacy", CHUNKED]}).json()
+    assert run["profile_snapshot"]["arm_engines"] == "shared"
+    switch = {"generation": 1, "prefix_cache": {"caching": True, "hits_before_reset": 128.0, "hits_after_reset": 0.0}}
+    facts = {
+        "fixed": {"engine_use": {"engine": 1, "started_for": "fixed", "fresh": "the first arm"}},
+        "legacy": {"engine_use": {"engine": 1, "started_for": "fixed", "switch": switch}},
+        CHUNKED: {"engine_use": {"engine": 2, "started_for": CHUNKED, "fresh": "its engine arguments differ"}},
+    }
+    with session_scope(service.database_url) as session:
+        row = session.get(Run, run["id"])
+        assert row is not None
+        row.engine = facts
+    detail = httpx.get(f"{service.url}/api/v1/runs/{run['id']}").json()
+    assert detail["engine_groups"] == [["fixed", "legacy"], [CHUNKED]]
+    page = httpx.get(f"{service.url}/runs/{run['id']}").text
+    assert re.search(r"Engine 1</th><td><span class=\"mono\">fixed</span>, <span class=\"mono\">legacy</span>", page)
+    assert "one engine, switched between arms" in page and "started for this arm: its engine arguments differ" in page
+    assert "128 tokens hit before the reset, 0 after" in page
+
+
 def test_the_profiles_default_arms_run_unless_the_request_names_its_own(service: LiveService) -> None:
     default = post(service, {"profile": DEFAULTS}).json()
     assert default["variants"] == ["fixed", CHUNKED] and default["expect"] == {"fixed": "pass", CHUNKED: "pass"}
