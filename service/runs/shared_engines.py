@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,3 +140,23 @@ def _probe(switched: dict[str, Any]) -> str:
     if not cache.get("caching"):
         return "no hit before the reset either (prefix caching off)"
     return f"{cache['hits_before_reset']:g} tokens hit before the reset, {cache['hits_after_reset']:g} after"
+
+
+def same_outputs(first: Mapping[str, Mapping[str, Any]], second: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Two arms' drift outputs (a sample's `data["arm"]` by key) compared: how many prompts have the
+    same tokens and logprobs bit for bit, and the largest logprob difference of the others."""
+    keys = sorted(first.keys() & second.keys())
+    identical, largest = 0, 0.0
+    for key in keys:
+        a, b = first[key], second[key]
+        if a == b:
+            identical += 1
+            continue
+        pairs = [
+            (x, y)
+            for field in ("logprobs", "prefill_logprobs")
+            for x, y in zip(a.get(field) or [], b.get(field) or [], strict=False)
+            if x is not None and y is not None
+        ]
+        largest = max([largest, *(abs(x - y) for x, y in pairs)])
+    return {"prompts": len(keys), "identical": identical, "max_abs_logprob_diff": largest}
