@@ -5,11 +5,16 @@ launcher, suites, scoring and store); the table printed at the end is read back 
 service's API, and each row is checked against what the gate must show. Run it through
 `scripts/gpu/gate_e2e.sh`, which sets up vLLM and kvcanary's dependencies first.
 
-    python scripts/gpu/gate_e2e.py --out OUT [--rows gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,mutants]
+    python scripts/gpu/gate_e2e.py --out OUT [--rows gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,mutants,share]
 
 The `mutants` group runs `kvcanary mutants --url` for each GPU fixture (its profile with the drift
 and GSM8k suites): fixed and every mutant of kernels.mutants as the arms of one run, and prints the matrix as
 docs/mutants.md quotes it (also written to OUT/mutants-<fixture>.md).
+
+The `share` group runs each GPU matrix twice, a fresh engine per arm and then on shared engines,
+and prints the times side by side, the A/A across a switch and the prefix-cache probe
+(`gate_share.py`; also written to OUT/share.md). The A/A rows (`aa`, `ab5`) ask for fresh engines:
+their floor is the engine-to-engine difference.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from gate_share import shared_vs_fresh
 
 from service.numbers import format_number
 
@@ -86,8 +92,10 @@ def _broken(run: dict[str, Any], arm: str, also: frozenset[str] | set[str] = fro
 def _fresh_engines(count: int) -> tuple[str, ...]:
     """`count` arms of the fixed kernels on fresh engines: A/A repeats. Arms must differ, so each sets
     a prefill budget past anything a run schedules (65,536 + i tokens per step: no prompt or batch of
-    these fixtures is ever chunked), which leaves the engines' math and scheduling the same."""
-    return tuple(arg for i in range(count) for arg in ("--compare", f"fixed,max_num_batched_tokens={65536 + i}"))
+    these fixtures is ever chunked), which leaves the engines' math and scheduling the same; the run
+    asks for a fresh engine per arm all the same (`--fresh-engines`)."""
+    arms = (arg for i in range(count) for arg in ("--compare", f"fixed,max_num_batched_tokens={65536 + i}"))
+    return ("--fresh-engines", *arms)
 
 
 def _no_fail(run: dict[str, Any], first: int = 0) -> list[str]:
@@ -296,7 +304,7 @@ def main() -> int:
     parser.add_argument(
         "--rows",
         default="gsm8k,whisper,mla,legacy",
-        help="groups (gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,mutants) or row keys, run in this order",
+        help="groups (gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,mutants,share) or row keys, in this order",
     )
     parser.add_argument("--port", type=int, default=8077)
     parser.add_argument("--mutants", default="", help="with the mutants group: only these mutants (comma list)")
@@ -311,6 +319,7 @@ def main() -> int:
     # In the order asked, so that what matters most runs first under a host's time limit.
     selected = list({row.key: row for item in asked for row in rows() if item in (row.group, row.key)}.values())
     matrices: list[tuple[str, int, float, str]] = []
+    shared, share_problems = "", list[str]()
     args.out.mkdir(parents=True, exist_ok=True)
     data_dir = args.out / "data"
     url = f"http://127.0.0.1:{args.port}"
@@ -346,6 +355,9 @@ def main() -> int:
             only = [name for name in args.mutants.split(",") if name]
             fixtures = [name for name in args.mutant_fixtures.split(",") if name]
             matrices = mutation_matrices({**env, "KVCANARY_TOKEN": token}, url, args.out, only, fixtures)
+        if "share" in groups:
+            shared, share_problems = shared_vs_fresh(url, token, data_dir / "kvcanary.db")
+            (args.out / "share.md").write_text(shared + "\n")
     finally:
         service.terminate()
         service.wait(60)
@@ -359,6 +371,9 @@ def main() -> int:
         printed += f"\n\n{head}\n|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(per_condition)
     for fixture, code, seconds, matrix in matrices:
         printed += f"\n\n### mutants, {fixture} (kvcanary mutants exit {code}, {seconds / 60:.1f} min)\n\n{matrix}"
+    if shared:
+        printed += "\n\n### share: fresh vs shared engines\n\n" + shared
+        printed += "".join(f"\n- PROBLEM: {problem}" for problem in share_problems)
     print(printed)
     (args.out / "table.md").write_text(printed + "\n")
     database = data_dir / "kvcanary.db"
@@ -366,7 +381,8 @@ def main() -> int:
         with sqlite3.connect(database) as source, sqlite3.connect(args.out / "kvcanary.db") as copy:
             source.backup(copy)
     matrices_ok = all(code == 0 for _, code, _, _ in matrices)
-    return 0 if all(not problems for *_, problems in results) and matrices_ok else 1
+    rows_ok = all(not problems for *_, problems in results)
+    return 0 if rows_ok and matrices_ok and not share_problems else 1
 
 
 if __name__ == "__main__":
