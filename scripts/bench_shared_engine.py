@@ -35,7 +35,7 @@ from service.settings import PACKAGED_PROFILES, Settings
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 PROFILE = "drift-tiny-cpu-triton"
 FIXED_AGAIN = "fixed,enforce_eager=true"
-ARMS = ("fixed", "chunk_context_skip", "batch_row_shift", "softmax_scale_drift", FIXED_AGAIN)
+ARMS = ("fixed", "chunk_context_skip", "softmax_scale_drift", FIXED_AGAIN)
 
 
 def run_once(profile: Profile, arms: list[str], mode: str, root: Path) -> dict[str, Any]:
