@@ -98,6 +98,19 @@ def _fresh_engines(count: int) -> tuple[str, ...]:
     return ("--fresh-engines", *arms)
 
 
+def _switched(run: dict[str, Any], arms: list[str], workers: int) -> list[str]:
+    """The arms ran on one engine, and every later arm's model processes wrote receipts of its switch."""
+    if run.get("engine_groups") != [arms]:
+        return [f"engines {run.get('engine_groups')}, not one for {arms}"]
+    problems = []
+    for generation, arm in enumerate(arms[1:], 1):
+        receipts = [r for r in run["engine"].get(arm, {}).get("receipts", []) if r.get("runs_model")]
+        done = [r for r in receipts if (r.get("switch") or {}).get("generation") == generation]
+        if len(done) < workers:
+            problems.append(f"{arm}: {len(done)} of {workers} model processes switched to generation {generation}")
+    return problems
+
+
 def _no_fail(run: dict[str, Any], first: int = 0) -> list[str]:
     """A/A: every judged metric of the arms from ``first`` on anything but `fail` (drift judges no
     reference arm: ``first=1``), every arm's receipts on the path."""
@@ -121,6 +134,10 @@ def rows() -> list[Row]:
             lambda r: _status(r, "failed") + _arm_verdicts(r, "legacy", {"fail"}) + _on_path(r, "legacy")),
         Row("gsm8k-tp2", "tp2", "gsm8k-tiny-tp2-gpu", (), "passes; receipts from both workers on the path",
             lambda r: _status(r, "passed") + _arm_verdicts(r, "fixed", {"pass"}) + _on_path(r, "fixed", workers=2)),
+        Row("tp2-share", "tp2", "gsm8k-tiny-tp2-gpu", ab,
+            "stock then fixed on one engine: both workers switched (receipts of switch 1), both arms pass",
+            lambda r: _status(r, "passed") + _arm_verdicts(r, "fixed", {"pass", "inconclusive"})
+            + _on_path(r, "stock") + _on_path(r, "fixed", workers=2) + _switched(r, ["stock", "fixed"], workers=2)),
         Row("mla-ab", "mla", "gsm8k-tiny-mla-gpu", (*ab, *high), "stock fails (wrong pages) or dies; fixed passes",
             lambda r: _broken(r, "stock") + _arm_verdicts(r, "fixed", {"pass"}) + _on_path(r, "fixed")),
         Row("mla-legacy", "legacy", "gsm8k-tiny-mla-gpu", ("--variant", "legacy", *high), "as stock",

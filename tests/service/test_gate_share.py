@@ -79,3 +79,19 @@ def test_the_aa_rows_ask_for_fresh_engines() -> None:
     for row in gate_e2e.rows():
         if row.group in ("aa", "ab5"):
             assert row.args.count("--fresh-engines") == 1, row.key
+
+
+def test_the_tp2_share_row_wants_both_workers_switched() -> None:
+    def receipts(generation: int) -> list[dict[str, Any]]:
+        return [{"runs_model": True, "switch": {"generation": generation}} for _ in range(2)]
+
+    run = {
+        "engine_groups": [["stock", "fixed"]],
+        "engine": {"stock": {"receipts": receipts(0)}, "fixed": {"receipts": receipts(1)}},
+    }
+    assert gate_e2e._switched(run, ["stock", "fixed"], workers=2) == []
+    run["engine"]["fixed"]["receipts"][1]["switch"] = {"generation": 0}
+    assert gate_e2e._switched(run, ["stock", "fixed"], workers=2) == [
+        "fixed: 1 of 2 model processes switched to generation 1"
+    ]
+    assert gate_e2e._switched({**run, "engine_groups": [["stock"], ["fixed"]]}, ["stock", "fixed"], 2) != []
