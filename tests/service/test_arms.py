@@ -372,6 +372,13 @@ def test_submit_sends_the_cli_spelling_of_arms_and_expectations(service: LiveSer
     run_id = int(re.search(r"run (\d+) queued", done.stdout).group(1))  # type: ignore[union-attr]
     run = httpx.get(f"{service.url}/api/v1/runs/{run_id}").json()
     assert run["variants"] == ["fixed", CHUNKED] and run["expect"] == {CHUNKED: "pass", "fixed": "pass"}
+    assert run["overrides"] == {} and run["profile_snapshot"]["arm_engines"] == "shared"
+    fresh = subprocess.run([*argv, "--fresh-engines"], env=env, capture_output=True, text=True, timeout=120)
+    fresh_id = int(re.search(r"run (\d+) queued", fresh.stdout).group(1))  # type: ignore[union-attr]
+    fresh_run = httpx.get(f"{service.url}/api/v1/runs/{fresh_id}").json()
+    assert (
+        fresh_run["overrides"] == {"arm_engines": "fresh"} and fresh_run["profile_snapshot"]["arm_engines"] == "fresh"
+    )
     bad = subprocess.run([*argv[:8], "--compare", "fixed,kv_cache_dtype=fp8,fixed"], env=env, capture_output=True,
                          text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "kv_cache_dtype=fp8" in bad.stdout + bad.stderr
