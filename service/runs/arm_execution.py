@@ -195,6 +195,6 @@ def run_arm(
         finished = True
     finally:
         if not finished:
-            engines.discard()  # died, cancelled or lost: no later arm may use it
+            engines.close()  # died, cancelled or lost: no later arm may use it
         context.log_tail = engine.log_tail()[-LOG_TAIL_CHARS:]
     context.update(log_tail=context.log_tail)

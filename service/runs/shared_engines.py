@@ -76,7 +76,7 @@ def fresh_reason(arms: Sequence[tuple[str, Profile]], index: int) -> str | None:
 @dataclass
 class ArmEngines:
     """The engines of one run's arms, in order: `take` gives each arm its engine, started or
-    switched; `close` stops the last one."""
+    switched; `close` stops the current one."""
 
     arms: list[tuple[str, Profile]]
     factory: EngineFactory
@@ -125,11 +125,8 @@ class ArmEngines:
         self.event("engine", f"arm {arm}: engine {self.engines} starts ({reason})")
         return self.current, {"engine": self.engines, "started_for": arm, "fresh": reason, "switchable": switchable}
 
-    def discard(self) -> None:
-        """The current engine died or its arm broke off: the next arm starts a fresh one."""
-        self.close()
-
     def close(self) -> None:
+        """Stop the current engine: the run ended, or its arm broke off (the next arm starts a fresh one)."""
         if self.current is not None:
             self.current.stop()
         self.current, self.started_for = None, None
