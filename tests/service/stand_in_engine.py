@@ -30,13 +30,14 @@ Answers = Literal["right", "wrong", "empty"]
 @dataclass
 class Behaviour:
     """How one arm's stand-in answers: `answers` to every question, after `delay_s` each; it
-    stops answering after `die_after` answers, and `exit_at_start` makes its start fail as a
-    process exit does."""
+    stops answering after `die_after` answers, `exit_at_start` makes its start fail as a
+    process exit does, and `switch_fails` makes a shared stand-in's switch to this arm fail."""
 
     answers: Answers = "right"
     delay_s: float = 0.0
     die_after: int | None = None
     exit_at_start: int | None = None
+    switch_fails: bool = False
 
 
 def _answer_of(prompt: str, answers: Answers) -> str:
@@ -132,7 +133,10 @@ class StandInEngine:
     def switch(self, profile: Profile, run_dir: Path) -> dict[str, Any]:
         if not self.switchable or self.dead is not None:
             raise RuntimeError(f"stand-in engine of arm {self.arms[0]} cannot switch (dead: {self.dead})")
-        self.profile, self.behaviour = profile, self.behaviours.get(run_dir.name, Behaviour())
+        behaviour = self.behaviours.get(run_dir.name, Behaviour())
+        if behaviour.switch_fails:
+            raise RuntimeError(f"stand-in engine: the switch to arm {run_dir.name} failed")
+        self.profile, self.behaviour = profile, behaviour
         self.answered = 0
         self.arms.append(run_dir.name)
         return {"generation": len(self.arms) - 1, "workers": [], "prefix_cache": {"caching": False}}

@@ -264,6 +264,13 @@ def test_arms_share_an_engine_unless_their_arguments_differ_or_the_run_asks_for_
     assert "--max-num-batched-tokens 64" in use[arms[3]]["fresh"] and "differ from arm stock" in use[arms[3]]["fresh"]
     assert row(sqlite_url, run_id).arm_verdicts == {"fixed": "pass", "legacy": "fail", "stock": "pass", arms[3]: "pass"}
 
+    failing = StandInEngines({"legacy": Behaviour(switch_fails=True)})  # the arm after it shares again
+    settings, run_id = claimed(sqlite_url, tmp_path / "failing", profile, ["fixed", "legacy", "stock"])
+    assert pipeline.execute(context_of(settings, run_id, profile, failing)) == "passed"
+    assert [engine.arms for engine in failing.started] == [["fixed"], ["legacy", "stock"]]
+    reason = row(sqlite_url, run_id).engine["legacy"]["engine_use"]["fresh"]
+    assert reason == "switching arm fixed's engine failed: stand-in engine: the switch to arm legacy failed"
+
     fresh = gsm8k_profile(make_profile, arm_engines="fresh")
     settings, run_id = claimed(sqlite_url, tmp_path / "fresh", fresh, arms[:2])
     engines = StandInEngines()
