@@ -128,7 +128,7 @@ def _died(context: RunContext, engine: ArmEngine, arm: str, moment: str, symptom
 
 
 def _start(context: RunContext, arm: str, profile: Profile, engine: ArmEngine, use: dict[str, Any]) -> None:
-    """Start the arm's engine (unless it is the arm before it's, switched: `use`) and record it on
+    """Start the arm's engine (a shared one is up already: `use` holds its switch) and record it on
     the run; the first arm up moves the run to running."""
     began = time.monotonic()
     if "switch" not in use:
