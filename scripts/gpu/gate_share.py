@@ -24,7 +24,7 @@ import yaml
 from kernels.mutants import MUTANTS
 from service.db.session import session_scope
 from service.runs import store
-from service.runs.mutation import run_request
+from service.runs.mutation import BATCH_LABEL, run_request
 from service.runs.shared_engines import same_outputs
 from service.settings import PACKAGED_PROFILES
 
@@ -35,11 +35,13 @@ TARGET = 0.40
 FINAL = {"passed", "failed", "error", "cancelled"}
 
 
-def request(profile: str, mode: str, batch: str) -> dict[str, Any]:
-    """The POST body: the mutation batch's run of `profile`, `fixed` again last, `arm_engines: mode`."""
+def request(profile: str, mode: str) -> dict[str, Any]:
+    """The POST body: the mutation batch's run of `profile` (labelled `gate: share-<mode>` instead of
+    a batch), `fixed` again last, `arm_engines: mode`."""
     spec = yaml.safe_load((PACKAGED_PROFILES / f"{profile}.yaml").read_text())
     canaries = (spec.get("kernels") or {}).get("canaries") or []
-    body = run_request(profile, canaries, list(MUTANTS), batch, {"gate": f"share-{mode}"})
+    body = run_request(profile, canaries, list(MUTANTS), "", {"gate": f"share-{mode}"})
+    del body["labels"][BATCH_LABEL]  # not a mutation batch: `kvcanary mutants --show` keeps the matrix's own
     body["compare"] = [*body["compare"], FIXED_AGAIN]
     body["expect"] = {**body["expect"], FIXED_AGAIN: "pass"}
     body["overrides"] = {**body.get("overrides", {}), "arm_engines": mode}
@@ -136,11 +138,10 @@ def shared_vs_fresh(
     details: list[str] = []
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
         for profile in profiles:
-            batch = f"share-{int(time.time())}"
             runs: dict[str, dict[str, Any]] = {}
             for mode in MODES:
                 print(f"== share {profile} {mode}", flush=True)
-                run, seconds = _submit(client, request(profile, mode, batch), poll_s)
+                run, seconds = _submit(client, request(profile, mode), poll_s)
                 runs[mode] = run
                 starts, start_s, switches, switch_s = timings(run)
                 lines.append(

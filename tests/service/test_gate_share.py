@@ -27,7 +27,8 @@ import gate_share
 @pytest.mark.parametrize("profile", gate_share.PROFILES)
 @pytest.mark.parametrize("mode", gate_share.MODES)
 def test_the_share_runs_are_admitted_and_share_one_engine_when_shared(profile: str, mode: str) -> None:
-    body = gate_share.request(profile, mode, "batch")
+    body = gate_share.request(profile, mode)
+    assert body["labels"] == {"gate": f"share-{mode}"}  # not a mutation batch of the matrix
     created = RunCreate.model_validate(body)
     loaded = load_profile(PACKAGED_PROFILES / f"{profile}.yaml")
     overrides = RunOverrides.model_validate(body["overrides"])
