@@ -40,6 +40,11 @@ else:  # the kernel variants and mutants as one list (kernels.mutants), an enum 
     Variant = Literal[VARIANTS]
 Canary = Literal["nan_kv_tail", "high_block_ids"]
 Expectation = Literal["pass", "fail"]
+ArmEngines = Literal["shared", "fresh"]
+ARM_ENGINES_HELP = (
+    "shared: consecutive arms whose engine arguments match run on one engine, switched between arms; "
+    "fresh: every arm starts its own engine (A/A floors measure the engine-to-engine difference)"
+)
 ARM_NAME_PATTERN = r"^[a-z0-9_]+(,[a-z_]+=[a-z0-9_]+)*$"
 ARM_NAME_MAX = 200  # what the arm columns of samples and results hold
 # A run's arms: a control and every catalogued mutant, or either half of the generated ones, fit
@@ -262,6 +267,7 @@ class Profile(Strict):
         None, min_length=2, max_length=MAX_ARMS, description="Default arms of a run that names none; control first"
     )
     expect: dict[str, Expectation] | None = Field(None, description="What each arm of a default run must do")
+    arm_engines: ArmEngines = Field("shared", description=ARM_ENGINES_HELP)
 
     @field_validator("suites")
     @classmethod
@@ -355,6 +361,7 @@ class RunOverrides(Strict):
     suites: Annotated[list[str] | None, AfterValidator(_once)] = Field(
         None, description="Run only these suites of the profile"
     )
+    arm_engines: ArmEngines | None = Field(None, description=ARM_ENGINES_HELP)
 
 
 def apply_overrides(profile: Profile, overrides: RunOverrides) -> Profile:
@@ -373,6 +380,8 @@ def apply_overrides(profile: Profile, overrides: RunOverrides) -> Profile:
         data["kernels"]["variant"] = overrides.kernel_variant
     if overrides.canaries is not None:
         data["kernels"]["canaries"] = overrides.canaries
+    if overrides.arm_engines is not None:
+        data["arm_engines"] = overrides.arm_engines
     return Profile.model_validate(data)
 
 

@@ -228,6 +228,16 @@ def _summary_fields(run: Run) -> dict[str, Any]:
     }
 
 
+def engine_groups(engine: dict[str, Any], arms: list[str]) -> list[list[str]]:
+    """The arms (in run order) of each numbered engine their facts name; arms without one left out."""
+    numbered: dict[int, list[str]] = {}
+    for arm in arms:
+        use = (engine.get(arm) or {}).get("engine_use") or {}
+        if isinstance(use.get("engine"), int):
+            numbered.setdefault(use["engine"], []).append(arm)
+    return [numbered[number] for number in sorted(numbered)]
+
+
 class RunDetail(RunSummary):
     verdict_summary: str
     triggered_role: str = Field("", description="ci, admin, scheduler or host (the CLI on the service's host)")
@@ -252,7 +262,13 @@ class RunDetail(RunSummary):
         "engine.env values hidden (names shown); null for runs queued before snapshots were stored, which "
         "executed the profile's file",
     )
-    engine: dict[str, Any] = Field(description="Per arm: vLLM version, models, GPU, injection receipts")
+    engine: dict[str, Any] = Field(
+        description="Per arm: vLLM version, models, GPU, injection receipts, and `engine_use`: the engine it ran "
+        "on (numbered in run order), the arm that started it, and either why it started fresh or its switch"
+    )
+    engine_groups: list[list[str]] = Field(
+        default_factory=list, description="The arms of each engine the run started, in run order: arms that shared one"
+    )
     timings: dict[str, Any]
     metrics: list[MetricOut]
     log_tail: str
@@ -274,6 +290,9 @@ class RunDetail(RunSummary):
             profile_digest=digest(run.profile_snapshot) if run.profile_snapshot is not None else None,
             profile_snapshot=for_readers(run.profile_snapshot) if run.profile_snapshot is not None else None,
             engine=run.engine or {},
+            engine_groups=engine_groups(
+                run.engine or {}, [a["name"] for a in run.arms or []] or list(run.engine or {})
+            ),
             timings=run.timings or {},
             metrics=[MetricOut.of(r) for r in results],
             log_tail=run.log_tail,

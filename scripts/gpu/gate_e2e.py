@@ -6,7 +6,7 @@ service's API, and each row is checked against what the gate must show. Run it t
 `scripts/gpu/gate_e2e.sh`, which sets up vLLM and kvcanary's dependencies first.
 
     python scripts/gpu/gate_e2e.py --out OUT \
-        [--rows gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,mutants,generated]
+        [--rows gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,mutants,generated,share]
 
 The `mutants` group runs `kvcanary mutants --url` for each GPU fixture (its profile with the drift
 and GSM8k suites): fixed and every mutant of kernels.mutants as the arms of one run, and prints the matrix as
@@ -14,6 +14,11 @@ docs/mutants.md quotes it (also written to OUT/mutants-<fixture>.md). The `gener
 for the generated mutants each fixture reaches, one half after the other (`--halves`, default
 held-out,tuning), and prints the kill rate per suite and fixture with every survivor (kill_rate.py; also
 written to OUT/kill-rate-<half>.md).
+
+The `share` group runs each GPU matrix twice, a fresh engine per arm and then on shared engines,
+and prints the times side by side, the A/A across a switch and the prefix-cache probe
+(`gate_share.py`; also written to OUT/share.md). The A/A rows (`aa`, `ab5`) ask for fresh engines:
+their floor is the engine-to-engine difference.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import Any
 
 import httpx
 import kill_rate
+from gate_share import shared_vs_fresh
 
 from evals.numbers import format_number
 
@@ -90,8 +96,23 @@ def _broken(run: dict[str, Any], arm: str) -> list[str]:
 def _fresh_engines(count: int) -> tuple[str, ...]:
     """`count` arms of the fixed kernels on fresh engines: A/A repeats. Arms must differ, so each sets
     a prefill budget past anything a run schedules (65,536 + i tokens per step: no prompt or batch of
-    these fixtures is ever chunked), which leaves the engines' math and scheduling the same."""
-    return tuple(arg for i in range(count) for arg in ("--compare", f"fixed,max_num_batched_tokens={65536 + i}"))
+    these fixtures is ever chunked), which leaves the engines' math and scheduling the same; the run
+    asks for a fresh engine per arm all the same (`--fresh-engines`)."""
+    arms = (arg for i in range(count) for arg in ("--compare", f"fixed,max_num_batched_tokens={65536 + i}"))
+    return ("--fresh-engines", *arms)
+
+
+def _switched(run: dict[str, Any], arms: list[str], workers: int) -> list[str]:
+    """The arms ran on one engine, and every later arm's model processes wrote receipts of its switch."""
+    if run.get("engine_groups") != [arms]:
+        return [f"engines {run.get('engine_groups')}, not one for {arms}"]
+    problems = []
+    for generation, arm in enumerate(arms[1:], 1):
+        receipts = [r for r in run["engine"].get(arm, {}).get("receipts", []) if r.get("runs_model")]
+        done = [r for r in receipts if (r.get("switch") or {}).get("generation") == generation]
+        if len(done) < workers:
+            problems.append(f"{arm}: {len(done)} of {workers} model processes switched to generation {generation}")
+    return problems
 
 
 def _no_fail(run: dict[str, Any], first: int = 0) -> list[str]:
@@ -117,6 +138,10 @@ def rows() -> list[Row]:
             lambda r: _status(r, "failed") + _arm_verdicts(r, "legacy", {"fail"}) + _on_path(r, "legacy")),
         Row("gsm8k-tp2", "tp2", "gsm8k-tiny-tp2-gpu", (), "passes; receipts from both workers on the path",
             lambda r: _status(r, "passed") + _arm_verdicts(r, "fixed", {"pass"}) + _on_path(r, "fixed", workers=2)),
+        Row("tp2-share", "tp2", "gsm8k-tiny-tp2-gpu", ab,
+            "stock then fixed on one engine: both workers switched (receipts of switch 1), both arms pass",
+            lambda r: _status(r, "passed") + _arm_verdicts(r, "fixed", {"pass", "inconclusive"})
+            + _on_path(r, "stock") + _on_path(r, "fixed", workers=2) + _switched(r, ["stock", "fixed"], workers=2)),
         Row("mla-ab", "mla", "gsm8k-tiny-mla-gpu", (*ab, *high), "stock fails (wrong pages) or dies; fixed passes",
             lambda r: _broken(r, "stock") + _arm_verdicts(r, "fixed", {"pass"}) + _on_path(r, "fixed")),
         Row("mla-legacy", "legacy", "gsm8k-tiny-mla-gpu", ("--variant", "legacy", *high), "as stock",
@@ -303,7 +328,7 @@ def main() -> int:
     parser.add_argument(
         "--rows",
         default="gsm8k,whisper,mla,legacy",
-        help="groups (gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,mutants,generated) or row keys, in order",
+        help="groups (gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,mutants,generated,share) or row keys",
     )
     parser.add_argument("--port", type=int, default=8077)
     parser.add_argument("--mutants", default="", help="with the mutants group: only these mutants (comma list)")
@@ -320,6 +345,7 @@ def main() -> int:
     selected = list({row.key: row for item in asked for row in rows() if item in (row.group, row.key)}.values())
     matrices: list[tuple[str, int, float, str]] = []
     killed: list[str] = []
+    shared, share_problems = "", list[str]()
     args.out.mkdir(parents=True, exist_ok=True)
     data_dir = args.out / "data"
     url = f"http://127.0.0.1:{args.port}"
@@ -367,6 +393,9 @@ def main() -> int:
             only = [name for name in args.mutants.split(",") if name]
             fixtures = [name for name in args.mutant_fixtures.split(",") if name]
             matrices = mutation_matrices({**env, "KVCANARY_TOKEN": tokens["admin"]}, url, args.out, only, fixtures)
+        if "share" in groups:
+            shared, share_problems = shared_vs_fresh(url, token, data_dir / "kvcanary.db")
+            (args.out / "share.md").write_text(shared + "\n")
     finally:
         service.terminate()
         service.wait(60)
@@ -382,6 +411,9 @@ def main() -> int:
         printed += f"\n\n{report}"
     for fixture, code, seconds, matrix in matrices:
         printed += f"\n\n### mutants, {fixture} (kvcanary mutants exit {code}, {seconds / 60:.1f} min)\n\n{matrix}"
+    if shared:
+        printed += "\n\n### share: fresh vs shared engines\n\n" + shared
+        printed += "".join(f"\n- PROBLEM: {problem}" for problem in share_problems)
     print(printed)
     (args.out / "table.md").write_text(printed + "\n")
     database = data_dir / "kvcanary.db"
@@ -389,7 +421,8 @@ def main() -> int:
         with sqlite3.connect(database) as source, sqlite3.connect(args.out / "kvcanary.db") as copy:
             source.backup(copy)
     matrices_ok = all(code == 0 for _, code, _, _ in matrices)
-    return 0 if all(not problems for *_, problems in results) and matrices_ok else 1
+    rows_ok = all(not problems for *_, problems in results)
+    return 0 if rows_ok and matrices_ok and not share_problems else 1
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from service.cli.common import (
     COMPARE_HELP,
     EXIT_ERROR,
     EXPECT_HELP,
+    FRESH_ENGINES_HELP,
     checked_labels,
     compare_arms,
     console,
@@ -38,6 +39,7 @@ def run(
     junit: Annotated[Path | None, typer.Option(help="Write a JUnit XML report here")] = None,
     compare: Annotated[list[str] | None, typer.Option(help=COMPARE_HELP)] = None,
     expect: Annotated[list[str] | None, typer.Option(help=EXPECT_HELP)] = None,
+    fresh_engines: Annotated[bool, typer.Option(help=FRESH_ENGINES_HELP)] = False,
 ) -> None:
     """Run one profile here, without the service: engine, suites, verdict, a result table."""
     from service import baselines
@@ -60,7 +62,9 @@ def run(
         console.print(f"[red]unknown profile {profile!r}; known profiles: {', '.join(sorted(profiles))}[/red]")
         raise typer.Exit(EXIT_ERROR)
     try:
-        overrides = RunOverrides.model_validate({"limit": limit, "kernel_variant": variant})
+        overrides = RunOverrides.model_validate(
+            {"limit": limit, "kernel_variant": variant, "arm_engines": "fresh" if fresh_engines else None}
+        )
         arms = [ArmSpec.model_validate(name) for name in compare_arms(compare)] if compare else None
         expected = expectations(expect) if expect else None
         admitted = admit(profiles[profile], overrides, arms, expected, on_this_host=True)

@@ -295,6 +295,34 @@ def test_the_api_queues_arms_in_either_form_and_documents_each(service: LiveServ
     assert "max_num_batched_tokens 64" in page.text and "not judged yet" in page.text
 
 
+def test_a_trigger_may_ask_for_fresh_engines_and_the_run_shows_which_arms_shared_one(service: LiveService) -> None:
+    """`overrides.arm_engines: fresh` is stored with the run's profile; the engine facts a worker
+    writes (here by hand: the worker is off) become the run's engine groups, on the API and the page."""
+    fresh = post(
+        service, {"profile": "gsm8k-tiny-cpu", "compare": ["fixed", "legacy"], "overrides": {"arm_engines": "fresh"}}
+    )
+    assert fresh.status_code == 201, fresh.text
+    assert fresh.json()["profile_snapshot"]["arm_engines"] == "fresh" and fresh.json()["engine_groups"] == []
+    run = post(service, {"profile": "gsm8k-tiny-cpu", "compare": ["fixed", "legacy", CHUNKED]}).json()
+    assert run["profile_snapshot"]["arm_engines"] == "shared"
+    switch = {"generation": 1, "prefix_cache": {"caching": True, "hits_before_reset": 128.0, "hits_after_reset": 0.0}}
+    facts = {
+        "fixed": {"engine_use": {"engine": 1, "started_for": "fixed", "fresh": "the first arm"}},
+        "legacy": {"engine_use": {"engine": 1, "started_for": "fixed", "switch": switch}},
+        CHUNKED: {"engine_use": {"engine": 2, "started_for": CHUNKED, "fresh": "its engine arguments differ"}},
+    }
+    with session_scope(service.database_url) as session:
+        row = session.get(Run, run["id"])
+        assert row is not None
+        row.engine = facts
+    detail = httpx.get(f"{service.url}/api/v1/runs/{run['id']}").json()
+    assert detail["engine_groups"] == [["fixed", "legacy"], [CHUNKED]]
+    page = httpx.get(f"{service.url}/runs/{run['id']}").text
+    assert re.search(r"Engine 1</th><td><span class=\"mono\">fixed</span>, <span class=\"mono\">legacy</span>", page)
+    assert "one engine, switched between arms" in page and "started for this arm: its engine arguments differ" in page
+    assert "128 tokens hit before the reset, 0 after" in page
+
+
 def test_the_profiles_default_arms_run_unless_the_request_names_its_own(service: LiveService) -> None:
     default = post(service, {"profile": DEFAULTS}).json()
     assert default["variants"] == ["fixed", CHUNKED] and default["expect"] == {"fixed": "pass", CHUNKED: "pass"}
@@ -358,6 +386,13 @@ def test_submit_sends_the_cli_spelling_of_arms_and_expectations(service: LiveSer
     run_id = int(re.search(r"run (\d+) queued", done.stdout).group(1))  # type: ignore[union-attr]
     run = httpx.get(f"{service.url}/api/v1/runs/{run_id}").json()
     assert run["variants"] == ["fixed", CHUNKED] and run["expect"] == {CHUNKED: "pass", "fixed": "pass"}
+    assert run["overrides"] == {} and run["profile_snapshot"]["arm_engines"] == "shared"
+    fresh = subprocess.run([*argv, "--fresh-engines"], env=env, capture_output=True, text=True, timeout=120)
+    fresh_id = int(re.search(r"run (\d+) queued", fresh.stdout).group(1))  # type: ignore[union-attr]
+    fresh_run = httpx.get(f"{service.url}/api/v1/runs/{fresh_id}").json()
+    assert (
+        fresh_run["overrides"] == {"arm_engines": "fresh"} and fresh_run["profile_snapshot"]["arm_engines"] == "fresh"
+    )
     bad = subprocess.run([*argv[:8], "--compare", "fixed,kv_cache_dtype=fp8,fixed"], env=env, capture_output=True,
                          text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "kv_cache_dtype=fp8" in bad.stdout + bad.stderr
