@@ -75,7 +75,9 @@ def test_either_half_fits_one_run_and_queues_as_a_mutation_batch(tmp_path: Path)
         assert run is not None and [a["name"] for a in run.arms] == ["fixed", *HELD_OUT]
         assert run.expect == {"fixed": "pass", **dict.fromkeys(HELD_OUT, "fail")}
         assert run.overrides == {}  # generated mutants arm no canary
-        matrix = mutation.compute_matrix(session, "drift-tiny-cpu-triton", "b1", run_id, ["drift"], turning_points=False)
+        matrix = mutation.compute_matrix(
+            session, "drift-tiny-cpu-triton", "b1", run_id, ["drift"], turning_points=False
+        )
     assert [row.mutant for row in matrix.rows] == sorted(HELD_OUT)
     row = matrix.rows[0]
     assert row.condition.startswith("generated, held-out half: ")
