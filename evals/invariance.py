@@ -9,8 +9,8 @@ given tokens everywhere, a decode path on its own greedy tokens, so after two de
 ways nothing further is comparable. Per prompt and condition the comparison is a
 `PromptDrift` (KL over top-k plus a rest bucket, argmax agreement, first divergent position,
 the close rule; `evals.logprob_drift`), beside the same comparison for the condition's A/A
-floor. Each condition is judged by the drift rule (`judge_drift`) against its own floor, and
-the verdict names the conditions that broke.
+floor and, for a later arm, the control arm's rows of the same condition (`attach_control`).
+The verdict over them is `evals.invariance_verdict`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from evals.drift_verdict import DEFAULT_DLOGPROB_MARGIN, DEFAULT_KL_MARGIN, MIN_PROMPTS, judge_drift, mean_interval
-from evals.logprob_drift import PromptDrift, TopK, kl_topk
-from evals.verdict import Baseline, MetricJudgement, Verdict
+from evals.logprob_drift import PromptDrift, TopK, kl_topk, largest
 
 
 @dataclass(frozen=True)
@@ -129,6 +127,7 @@ def observe(reference: Observation, candidate: Observation, since: int = 1) -> t
         argmax_agreement=_mean([float(a) for a in agree]) if agree else 1.0,
         max_abs_dlogprob=max(deltas, default=0.0),
         finite=finite,
+        top_kls=largest(kls),
     )
     return drift, len(positions)
 
@@ -156,259 +155,10 @@ def where(position: int, prompt_len: int) -> str:
     return f"prompt position {position}" if position < prompt_len else f"continuation token {position - prompt_len}"
 
 
-@dataclass(frozen=True)
-class ConditionResult:
-    name: str
-    verdict: Verdict
-    compared: int
-    divergent: int
-    mean_kl: float | None  # over the prompts with finite logprobs; None: none had
-    ci: tuple[float, float] | None
-    floor_kl: float
-    threshold: float
-    max_kl: float | None
-    agreement: float
-    violations: int
-    floor_violations: int
-    nonfinite: int
-    first: str | None  # the earliest first divergence, in words, with its prompt
-    firsts: list[str]
-    notes: list[str]
-    # The drift rule's prefill-KL and decode paths: the decode |delta logprob| excess over the
-    # floor with its interval (None below the prompts an interval needs) and each path's verdict,
-    # because a condition can fail on decode logprobs alone, where no KL and no argmax moved.
-    decode: tuple[float | None, float | None, float | None]
-    decode_verdict: str | None
-    kl_verdict: str | None
-    # The floor's own mean KL interval (90%; None below the prompts an interval needs). A floor
-    # past the tolerance means the arm does not reproduce itself under the condition, which a bug
-    # on both sides of the floor (a batch-dependent page read) looks like: such a condition is at
-    # best inconclusive, as no excess over that floor can show the arm within the tolerance.
-    floor_ci: tuple[float, float] | None
-    unsteady_floor: bool  # the floor's interval lies past the tolerance
-
-    def headline(self) -> str:
-        label = _label(self.name)
-        if self.nonfinite:
-            return f"{label}: {self.nonfinite} of {self.compared} prompts have non-finite logprobs"
-        if self.divergent:
-            return f"{label}: {self.divergent} of {self.compared} prompts, first at {self.first}"
-        excess, _low, high = self.decode
-        if self.decode_verdict == "fail" and self.kl_verdict != "fail" and excess is not None and high is not None:
-            return f"{label}: decode |delta logprob| {excess:.3g} nats over its floor, to {high:.3g}; no argmax moved"
-        return f"{label}: mean KL {self.mean_kl:.3g} nats over its floor's {self.floor_kl:.3g}, no argmax changed"
-
-    def sentence(self, tolerance: float) -> str:
-        info = CONDITIONS.get(self.name)
-        if self.mean_kl is None or self.ci is None:
-            kl = "mean KL not finite (no prompt has finite logprobs)"
-        else:
-            over = f" over its {self.compared - self.nonfinite} finite prompts" if self.nonfinite else ""
-            ci = f"95% CI {self.ci[0]:.3g}-{self.ci[1]:.3g}, clustered by prompt"
-            kl = f"mean KL {self.mean_kl:.3g} nats{over} ({ci})"
-        text = (
-            f"{info.label if info else self.name} ({self.verdict}; {info.compares if info else ''}): "
-            f"{self.compared} prompts, {kl} against its floor {self.floor_kl:.3g} + tolerance {tolerance:.3g} "
-            f"(floor: {info.floor if info else 'measured'}), max KL "
-            f"{'not finite' if self.max_kl is None else f'{self.max_kl:.3g}'}, argmax agreement "
-            f"{self.agreement:.4f}, {self.divergent} diverge"
-        )
-        if self.firsts:
-            text += f" (first divergent positions {', '.join(self.firsts[:4])})"
-        text += f", {self.violations} outside the close rule (floor {self.floor_violations})"
-        excess, low, high = self.decode
-        if excess is not None:
-            interval = (
-                f"90% CI {low:.3g}-{high:.3g}"
-                if low is not None and high is not None
-                else "too few prompts for an interval"
-            )
-            text += f", decode |delta logprob| {excess:.3g} nats over the floor ({interval})"
-        if self.nonfinite:
-            text += f", {self.nonfinite} with non-finite logprobs"
-        if self.unsteady_floor and self.floor_ci is not None:  # the check narrows floor_ci for mypy
-            text += (
-                f", and its floor itself moves {self.floor_kl:.3g} nats (90% CI {self.floor_ci[0]:.3g}-"
-                f"{self.floor_ci[1]:.3g}), past the tolerance: the arm does not reproduce itself here"
-            )
-        return text + "".join(f"; {note}" for note in self.notes)
-
-
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) else None
-
-
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _condition(
-    suite: str, metric: str, name: str, rows: Mapping[str, Mapping[str, Any]], lens: Mapping[str, int],
-    tolerance: float, dlogprob_tolerance: float, baseline: Baseline | None, alpha: float,
-) -> ConditionResult:  # fmt: skip
-    """One condition judged by the drift rule against its own floor (rows: key -> stored row)."""
-    shaped = {
-        key: {"drift": r["drift"], "floor": r["floor"], "finite": r["drift"]["finite"], "kl_tolerance": tolerance,
-              "dlogprob_tolerance": dlogprob_tolerance}
-        for key, r in rows.items()
-    }  # fmt: skip
-    judged = judge_drift(suite, f"{metric}.{name}", shaped, baseline, alpha=alpha)
-    drifts = {key: r["drift"] for key, r in rows.items()}
-    divergent = sorted(
-        ((key, d["first_divergence"]) for key, d in drifts.items() if d["first_divergence"] is not None),
-        key=lambda item: (item[1], item[0]),
-    )
-    finite = [d for d in drifts.values() if d["finite"]]
-    kls = [d["mean_kl"] for d in finite]
-    floor_kl = _mean([r["floor"]["mean_kl"] for r in rows.values()])
-    floor_kls = [r["floor"]["mean_kl"] for r in rows.values() if r["floor"]["finite"]]
-    floor_ci = mean_interval(floor_kls, confidence=1 - 2 * alpha) if len(floor_kls) >= MIN_PROMPTS else None
-    margin = baseline.tolerance if baseline is not None else tolerance
-    unsteady = floor_ci is not None and floor_ci[0] > margin
-    verdict: Verdict = judged.verdict
-    if unsteady and verdict in ("pass", "warn"):
-        verdict = "inconclusive"  # an excess within the margin of a floor that moves past it means nothing
-    notes = sorted({str(r["note"]) for r in rows.values() if r.get("note")})
-    firsts = [f"{key}@{where(pos, lens[key])}" for key, pos in divergent]
-    return ConditionResult(
-        name=name,
-        verdict=verdict,
-        compared=len(rows),
-        divergent=len(divergent),
-        mean_kl=_mean(kls) if kls else None,
-        ci=mean_interval(kls, confidence=1 - alpha) if kls else None,
-        floor_kl=floor_kl,
-        threshold=floor_kl + margin,
-        max_kl=max((d["max_kl"] for d in finite), default=None),
-        agreement=_mean([d["argmax_agreement"] for d in drifts.values()]),
-        violations=sum(1 for d in drifts.values() if not d["close"]),
-        floor_violations=sum(1 for r in rows.values() if not r["floor"]["close"]),
-        nonfinite=sum(1 for d in drifts.values() if not d["finite"]),
-        first=where(divergent[0][1], lens[divergent[0][0]]) if divergent else None,
-        firsts=firsts,
-        notes=notes,
-        decode=(_number(judged.details.get("dlogprob_excess")), _number(judged.details.get("dlogprob_ci_low")),
-                _number(judged.details.get("dlogprob_ci_high"))),
-        decode_verdict=_text(judged.details.get("dlogprob_verdict")),
-        kl_verdict=_text(judged.details.get("kl_verdict")),
-        floor_ci=floor_ci,
-        unsteady_floor=unsteady,
-    )  # fmt: skip
-
-
-_RANK: dict[str, int] = {"pass": 0, "no_baseline": 1, "warn": 2, "inconclusive": 3, "fail": 4}
-
-
-def judge_invariance(
-    suite: str,
-    metric: str,
-    candidate: Mapping[str, Any],
-    baseline: Baseline | None,
-    reference: Mapping[str, Any] | None = None,
-    *,
-    alpha: float = 0.05,
-    reference_label: str = "the reference run",
-) -> MetricJudgement:
-    """Every condition's verdict from per-prompt rows (key -> {conditions, prompt_len, tolerances}).
-
-    A condition fails, passes or is inconclusive by the drift rule against its own floor; a
-    condition that could not be built for a prompt is skipped with its reason, and one skipped for
-    every prompt is named as such. The worst condition decides; the value is the mean KL of the
-    condition that decided (the largest mean KL when all pass).
-    """
-    del reference, reference_label  # floors and the control arm's outputs travel with each row
-    if not candidate:
-        raise ValueError(f"{suite}.{metric}: no samples to judge; a run without samples is an error, not a verdict")
-    names = list(dict.fromkeys([*CONDITIONS, *(c for r in candidate.values() for c in r["conditions"])]))
-    lens = {key: int(r["prompt_len"]) for key, r in candidate.items()}
-    results: list[ConditionResult] = []
-    skips: list[str] = []
-    tolerances: dict[str, float] = {}
-    for name in names:
-        found = {key: r["conditions"][name] for key, r in sorted(candidate.items()) if name in r["conditions"]}
-        built = {key: r for key, r in found.items() if "skipped" not in r}
-        reasons: dict[str, int] = {}
-        for r in found.values():
-            if "skipped" in r:
-                reasons[r["skipped"]] = reasons.get(r["skipped"], 0) + 1
-        label = _label(name)
-        skips += [f"{label} for {n} of {len(found)} prompts: {why}" for why, n in reasons.items()]
-        if built:
-            rows = next(iter(candidate.values()))
-            tolerances[name] = float(
-                (rows.get("tolerances") or {}).get(name, rows.get("kl_tolerance", DEFAULT_KL_MARGIN))
-            )
-            default_dlogprob = rows.get("dlogprob_tolerance") or DEFAULT_DLOGPROB_MARGIN
-            dlogprob = float((rows.get("dlogprob_tolerances") or {}).get(name, default_dlogprob))
-            results.append(_condition(suite, metric, name, built, lens, tolerances[name], dlogprob, baseline, alpha))
-    details: dict[str, float | int | str | None] = {"n": len(candidate), "alpha": alpha}
-    for r in results:
-        details.update({f"{r.name}.verdict": r.verdict, f"{r.name}.prompts": r.compared,
-                        f"{r.name}.mean_kl": r.mean_kl,
-                        f"{r.name}.ci_low": r.ci and r.ci[0], f"{r.name}.ci_high": r.ci and r.ci[1],
-                        f"{r.name}.floor_mean_kl": r.floor_kl, f"{r.name}.max_kl": r.max_kl,
-                        f"{r.name}.argmax_agreement": r.agreement, f"{r.name}.divergent": r.divergent,
-                        f"{r.name}.first_divergence": r.first, f"{r.name}.dlogprob_excess": r.decode[0],
-                        f"{r.name}.dlogprob_ci_low": r.decode[1], f"{r.name}.dlogprob_ci_high": r.decode[2],
-                        f"{r.name}.dlogprob_verdict": r.decode_verdict,
-                        f"{r.name}.floor_ci_low": r.floor_ci and r.floor_ci[0],
-                        f"{r.name}.floor_ci_high": r.floor_ci and r.floor_ci[1]})  # fmt: skip
-    seconds: dict[str, float] = {}
-    for r in candidate.values():
-        for name, s in (r.get("seconds") or {}).items():
-            seconds[name] = seconds.get(name, 0.0) + float(s)
-    details.update({f"{name}.seconds": round(s, 2) for name, s in seconds.items()})
-    details["skipped"] = "; ".join(skips) or None
-    skipped_text = f" Skipped, each with its reason: {'; '.join(skips)}." if skips else ""
-    if not results:
-        explanation = f"INCONCLUSIVE: {suite} built no condition, so nothing was compared.{skipped_text}"
-        return MetricJudgement(suite, metric, "inconclusive", 0.0, len(candidate), None, None, explanation, details)
-    verdict: Verdict = max((r.verdict for r in results), key=_RANK.__getitem__)
-    failed = [r for r in results if r.verdict == "fail"]
-    deciding = max(failed or results, key=lambda r: math.inf if r.mean_kl is None else r.mean_kl - r.floor_kl)
-    details.update({"failed_conditions": ",".join(r.name for r in failed) or None, "decided_by": deciding.name,
-                    "ci_low": deciding.ci and deciding.ci[0], "ci_high": deciding.ci and deciding.ci[1],
-                    "kl_finite": deciding.mean_kl is not None})  # fmt: skip
-    if failed:
-        if len(results) == 1:
-            scope = "on"
-        elif len(failed) == len(results):
-            scope = "under every condition it built:"
-        else:
-            scope = "only on" if len(failed) == 1 else "on"
-        what = "; ".join(r.headline() for r in failed)
-        head = f"FAIL: {suite} diverges {scope} {what}."
-    elif verdict == "warn":
-        warned = [_label(r.name) for r in results if r.verdict == "warn"]
-        head = (
-            f"WARN: {suite} moves beyond the floor, within the tolerance, under {', '.join(warned)}: "
-            "not a failure, but the math is not invariant there."
-        )
-    elif verdict == "inconclusive":
-        unsure = [r for r in results if r.verdict == "inconclusive"]
-        unsteady = [_label(r.name) for r in unsure if r.unsteady_floor]
-        spread = [_label(r.name) for r in unsure if not r.unsteady_floor]
-        head = f"INCONCLUSIVE: {suite} found no divergence beyond the floors"
-        if spread:
-            head += (
-                f", but under {', '.join(spread)} the prompts were too few (or too spread) to see an excess as small "
-                "as the tolerance: add prompts to decide"
-            )
-        if unsteady:
-            head += (
-                f"{';' if spread else ', but'} under {', '.join(unsteady)}, the floor itself (the condition repeated) "
-                "moves past the tolerance: this arm does not reproduce itself there, which a bug on both sides of "
-                "the floor also looks like, and more prompts would not make a pass trustworthy; compare the arm's "
-                "outputs with a control arm's (the drift suite)"
-            )
-        head += "."
-    else:
-        head = f"PASS: {suite} holds under every condition it built ({len(results)})."
-    body = " ".join(f"{r.sentence(tolerances[r.name])}." for r in results)
-    timing = ", ".join(f"{name} {s:.1f} s" for name, s in seconds.items())
-    explanation = f"{head} {body}{skipped_text}" + (f" Time per condition: {timing}." if timing else "")
-    return MetricJudgement(
-        suite, metric, verdict, math.inf if deciding.mean_kl is None else deciding.mean_kl, len(candidate),
-        deciding.floor_kl, deciding.threshold,
-        explanation, details,
-    )  # fmt: skip
+def attach_control(conditions: dict[str, dict[str, Any]], control: Mapping[str, Any]) -> None:
+    """Each built condition row of an arm gets the control arm's rows of the same condition and
+    prompt (`control`: the control's stored `conditions`), for the judgement against the control."""
+    for name, found in conditions.items():
+        theirs = control.get(name)
+        if "skipped" not in found and theirs and "skipped" not in theirs:
+            found["control"] = {"drift": theirs["drift"], "floor": theirs["floor"]}

@@ -4,6 +4,8 @@
 builds the conditions that need nothing else running (decode vs prefill, a prefix-cache hit, a
 long preamble, the arm's teacher-forced pass over the control's sequence); `batch` and `family`
 send every prompt at once. A condition that cannot be built gets `skipped(reason)`.
+`InvarianceConfig`, the suite's profile block, lives here because it names these conditions
+and every builder reads it.
 """
 
 from __future__ import annotations
@@ -15,14 +17,58 @@ import time
 import uuid
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Literal
 
+from pydantic import Field, field_validator
+
+from evals.drift_verdict import DEFAULT_DLOGPROB_MARGIN, DEFAULT_KL_MARGIN, DEFAULT_TAIL_MARGIN
 from evals.invariance import Observation, observe, row, skipped
+from evals.suites.base import SuiteConfig
 from evals.suites.drift import Prompt
 from evals.suites.logprob_client import Client, NotFinite, number, token_id
 
-if TYPE_CHECKING:
-    from evals.suites.invariance import InvarianceConfig
+ConditionName = Literal["decode_prefill", "batch", "prefix_hit", "prefix_family", "long_context"]
+PER_REQUEST: tuple[ConditionName, ...] = ("decode_prefill", "batch", "prefix_hit", "prefix_family", "long_context")
+
+
+class InvarianceConfig(SuiteConfig):
+    """`limit` GSM8k prompts; `conditions` the per-request conditions to build; `tolerances` and
+    `dlogprob_tolerances` a per-condition KL and decode |delta logprob| margin (nats over the floor)
+    where one must differ from `kl_tolerance` / `dlogprob_tolerance`: an engine-level arm that
+    changes more than attention (CUDA graphs compile the model) moves decode logprobs honestly."""
+
+    limit: int | None = Field(16, ge=1)
+    source: Literal["gsm8k", "recall"] = "gsm8k"  # as the drift suite's (DriftConfig)
+    ladder: list[int] = Field(default_factory=list)
+    questions_file: Path = Path("fixture:gsm8k-test.jsonl")
+    fewshot_file: Path = Path("fixture:gsm8k-fewshot.jsonl")
+    num_fewshot: int = Field(5, ge=0)
+    max_tokens: int = Field(16, ge=1)
+    logprobs: int = Field(5, ge=1, le=20)
+    concurrency: int = Field(64, ge=1)
+    block_size: int | None = Field(None, ge=2)
+    conditions: list[ConditionName] = Field(default_factory=lambda: list(PER_REQUEST))
+    batch_fillers: int = Field(8, ge=0)
+    preamble_text: str = Field("\n", min_length=1)
+    min_preamble_tokens: int = Field(128, ge=1)
+    seed: int = 0
+    kl_tolerance: float = Field(DEFAULT_KL_MARGIN, ge=0)
+    tolerances: dict[str, float] = Field(default_factory=dict)
+    dlogprob_tolerance: float = Field(DEFAULT_DLOGPROB_MARGIN, ge=0)
+    dlogprob_tolerances: dict[str, float] = Field(default_factory=dict)
+    tail_tolerance: float = Field(DEFAULT_TAIL_MARGIN, ge=0)
+
+    @field_validator("tolerances", "dlogprob_tolerances")
+    @classmethod
+    def _known_conditions(cls, value: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(value) - {*PER_REQUEST, "arm"})
+        if unknown:
+            raise ValueError(f"no condition named {', '.join(unknown)}; conditions: {', '.join([*PER_REQUEST, 'arm'])}")
+        if any(v < 0 for v in value.values()):
+            raise ValueError("a tolerance is nats over the floor: it cannot be negative")
+        return value
+
 
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 _HITS = re.compile(r"^vllm:prefix_cache_hits_total\{[^}]*\} ([0-9.eE+-]+)$", re.M)

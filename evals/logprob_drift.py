@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 TopK = Mapping[int, float]  # token id -> logprob, at one position
+TAIL_KEPT = 8  # the largest per-position KLs a comparison keeps (`PromptDrift.top_kls`), for the tail rule
 _TINY = 1e-12  # probability floor inside the KL so a token one arm rules out stays finite
 
 
@@ -77,9 +78,12 @@ class PromptDrift:
     prompt_positions: int = 0
     shared_positions: int = 0
     nonfinite_positions: int = 0  # decode steps and prefill positions where either arm had a non-finite logprob
+    # The largest per-position KLs of the scored positions, descending, at most TAIL_KEPT: the tail
+    # rule counts the positions past the control's maximum (a row stored without them has max_kl).
+    top_kls: tuple[float, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "top_kls": list(self.top_kls)}
 
 
 def pack(output: ArmOutput) -> dict[str, Any]:
@@ -179,7 +183,13 @@ def compare(reference: ArmOutput, candidate: ArmOutput, shared: int = 0, prompt_
         answer_positions=len(kls[answer_from:]),
         prompt_positions=len(kls[shared:answer_from]),
         shared_positions=len(kls[:shared]),
+        top_kls=largest(varying),
     )
+
+
+def largest(values: Sequence[float]) -> tuple[float, ...]:
+    """The `TAIL_KEPT` largest values, descending (what a stored row keeps of its per-position KLs)."""
+    return tuple(sorted(values, reverse=True)[:TAIL_KEPT])
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -61,6 +61,20 @@ class Baseline:
         if self.tolerance < 0:
             raise ValueError(f"baseline tolerance must be >= 0, got {self.tolerance}")
 
+    @classmethod
+    def stored(
+        cls, value: float | None, direction: str, tolerance_kind: str, tolerance: float, source: str = ""
+    ) -> Baseline:
+        """A baseline as the store and the API keep it, direction and tolerance kind as plain strings
+        (anything but "lower" is higher-is-better, anything but "relative" is absolute)."""
+        return cls(
+            value,
+            "lower" if direction == "lower" else "higher",
+            "relative" if tolerance_kind == "relative" else "absolute",
+            tolerance,
+            source,
+        )
+
 
 class Judge(Protocol):
     """Judge per-item scores (key -> score) against a baseline and/or a reference's scores."""

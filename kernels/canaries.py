@@ -60,6 +60,16 @@ class KVPoisoner:
             tensor.fill_(float("nan"))
         return sum(int(t.numel()) for t in self._tensors)
 
+    def refill(self, value: float) -> int:
+        """`value` into every attention KV slot and forget which blocks were handed out (an idle
+        engine between arms: every block is as new); returns the number of elements written."""
+        with self._lock:
+            self._reissued.clear()
+            self._handed_out.clear()
+        for tensor in self._tensors:
+            tensor.fill_(value)
+        return sum(int(t.numel()) for t in self._tensors)
+
     def note_handed_out(self, block_ids: list[int]) -> None:
         """Called by the block pool: blocks that were used before must be poisoned again."""
         with self._lock:

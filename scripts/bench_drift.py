@@ -36,8 +36,9 @@ from evals.fixtures.degraded import MILD_NOISE, ensure_degraded
 from evals.fixtures.gsm8k_data import FEWSHOT_FILE, TEST_FILE
 from evals.fixtures.gsm8k_model import model_dir
 from evals.kinds.accuracy import judge_accuracy
+from evals.records import Sample
 from evals.suites import drift, gsm8k
-from evals.suites.base import Sample, SuiteContext
+from evals.suites.base import SuiteContext
 from service.engine import Engine
 from service.profiles import Profile
 

@@ -26,8 +26,9 @@ import httpx
 
 from evals.fixtures.gsm8k_data import FEWSHOT_FILE, TEST_FILE
 from evals.fixtures.gsm8k_model import model_dir
+from evals.records import Sample
 from evals.suites import gsm8k
-from evals.suites.base import Sample, SuiteContext, SuiteOutcome
+from evals.suites.base import SuiteContext, SuiteOutcome
 from service.engine import Engine
 from service.profiles import Profile
 

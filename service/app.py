@@ -11,10 +11,10 @@ from fastapi import FastAPI
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service import access_log, baselines, dashboard
+from service import access_log, baselines, dashboard, engine_bounds
 from service.alerting.watcher import AlertWatcher
-from service.api import catalog, compare, docs, errors, mutants, ops, releases, runs, schedules, tokens
-from service.api.gate import Admission, InTurn, RequestGate
+from service.api import catalog, compare, docs, errors, mutants, ops, quotas, releases, runs, schedules, tokens
+from service.api.gate import Admission, InTurn, Load, RequestGate
 from service.api.headers import SecurityHeaders
 from service.db.migrate import upgrade
 from service.db.session import session_scope
@@ -60,6 +60,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         settings.runs_dir().mkdir(mode=0o700, exist_ok=True)
         upgrade(url)
         profiles = configured_profiles(settings)
+        engine_bounds.read_bounds(profiles.values())  # vLLM's lists and each model's context, before the first trigger
         with session_scope(url) as session:
             baselines.seed_from_profiles(session, profiles)
         app.state.settings = settings
@@ -85,14 +86,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.settings = settings
-    # Outermost last: admission answers before a body is read, the gate before any route runs,
-    # and a request waits for its turn only once its body is in.
+    # Outermost last: the gate reads the body (within its deadline) before anything else runs,
+    # admission counts a request in flight only once its body is in, so a client that never
+    # finishes its body holds no place, and a request waits for its turn after that.
     errors.install(app)
+    app.state.load = load = Load(settings.max_in_flight)
     app.add_middleware(InTurn, limit=settings.request_threads)
-    app.add_middleware(RequestGate, limit=settings.max_body_bytes)
-    app.add_middleware(Admission, limit=settings.max_in_flight)
+    app.add_middleware(Admission, load=load)
+    app.add_middleware(RequestGate, limit=settings.max_body_bytes, deadline_s=settings.body_timeout_s)
     app.add_middleware(SecurityHeaders)
-    routers = (runs, catalog, compare, schedules, tokens, releases, mutants)
+    routers = (runs, catalog, compare, schedules, tokens, releases, mutants, quotas)
     for module in routers:
         app.include_router(module.router, responses=errors.API_ERRORS)
     app.include_router(ops.router)

@@ -2,9 +2,10 @@
 
 An arm is a kernel variant plus engine overrides (`service.profiles.ArmSpec`); its name,
 `variant[,key=value...]`, keys every stored row. This module decides a run's arms and
-expectations (the request's, else the profile's), refuses an arm the engine cannot take
-with the reason, builds the profile an arm's engine is started from, and turns per-arm
-verdicts into the run's outcome against its expectations.
+expectations (the request's, else the profile's), checks them against the profile's engine
+(`service.profiles.check_arms`, the check a profile's own validation makes), builds the
+profile an arm's engine is started from, and turns per-arm verdicts into the run's outcome
+against its expectations.
 
 An arm *fails* when any metric judged for it has the verdict `fail`; it *passes* otherwise
 (inconclusive and no-baseline metrics included, as they pass a run). The reference arm of a
@@ -18,25 +19,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from service.profiles import ArmSpec, EngineOverrides, EngineSpec, Expectation, Profile, ProfileError, RunOverrides
+from service.profiles import ArmError, ArmSpec, Expectation, Profile, RunOverrides, check_arms
 
 ArmVerdict = Literal["pass", "fail", "error"]
 Outcome = Literal["as_expected", "unexpected"]
-# The engine flag each override becomes (booleans as --flag / --no-flag).
-FLAGS = {
-    "max_num_batched_tokens": "--max-num-batched-tokens",
-    "enable_chunked_prefill": "--enable-chunked-prefill",
-    "enable_prefix_caching": "--enable-prefix-caching",
-    "block_size": "--block-size",
-    "enforce_eager": "--enforce-eager",
-    "kv_cache_dtype": "--kv-cache-dtype",
-    "max_model_len": "--max-model-len",
-}
-assert set(FLAGS) == set(EngineOverrides.model_fields), "every override needs its engine flag"
-
-
-class ArmError(ProfileError):
-    """Arms or expectations a run cannot have; the message names the arm and the reason."""
 
 
 @dataclass(frozen=True)
@@ -52,41 +38,22 @@ class Plan:
 
 def apply(profile: Profile, arm: ArmSpec) -> Profile:
     """The profile an arm's engine starts from: its variant, its engine overrides in place."""
-    engine = profile.engine.model_copy(update=arm.engine.model_dump(exclude_none=True))
     return profile.model_copy(
-        update={"kernels": profile.kernels.model_copy(update={"variant": arm.variant}), "engine": engine}
+        update={
+            "kernels": profile.kernels.model_copy(update={"variant": arm.variant}),
+            "engine": arm.on(profile.engine),
+        }
     )
 
 
-def _given_flags(engine: EngineSpec) -> set[str]:
-    return {arg.split("=", 1)[0].replace("--no-", "--") for arg in engine.extra_args if arg.startswith("--")}
-
-
-def refusals(profile: Profile, arm: ArmSpec, canaries: Iterable[str]) -> list[str]:
-    """Why the profile's engine cannot run this arm; empty when it can."""
-    reasons = []
-    overrides = arm.engine.model_dump(exclude_none=True)
-    in_extra = _given_flags(profile.engine)
-    for key in overrides:
-        if FLAGS[key] in in_extra:
-            reasons.append(
-                f"{key}: profile {profile.name!r} passes {FLAGS[key]} in engine.extra_args, which would win over "
-                f"the arm; set engine.{key} in the profile instead"
-            )
-    dtype = overrides.get("kv_cache_dtype")
-    if dtype not in (None, "auto") and (arm.variant != "stock" or list(canaries)):
-        reasons.append(
-            f"kv_cache_dtype={dtype}: kvcanary's kernels read only fp16, bf16 and fp32 KV pages, not a quantised "
-            "KV cache; only an arm with variant stock and no canaries (vLLM's own kernels) can take it"
-        )
-    engine = apply(profile, arm).engine
-    budget, length = engine.max_num_batched_tokens, engine.max_model_len
-    if engine.enable_chunked_prefill is False and budget is not None and length is not None and budget < length:
-        reasons.append(
-            f"max_num_batched_tokens={budget} is below max_model_len={length} with chunked prefill off: vLLM refuses "
-            "to start (no prompt longer than one step's budget could be served); enable chunked prefill or raise it"
-        )
-    return reasons
+def engine_change(profile: Profile, arm: ArmSpec, control: ArmSpec) -> dict[str, list[Any]]:
+    """The engine arguments in which `arm`'s engine differs from `control`'s, `{key: [control's, arm's]}`:
+    empty when the two differ in kernel variant alone (the verdicts hold such an arm to more)."""
+    mine, theirs = (
+        apply(profile, arm).engine.model_dump(mode="json"),
+        apply(profile, control).engine.model_dump(mode="json"),
+    )
+    return {key: [theirs[key], value] for key, value in mine.items() if value != theirs[key]}
 
 
 def plan(
@@ -100,22 +67,10 @@ def plan(
     arms = list(compare if compare is not None else profile.compare or [])
     variant = overrides.kernel_variant or profile.kernels.variant
     canaries = overrides.canaries if overrides.canaries is not None else profile.kernels.canaries
-    names = [arm.name for arm in arms]
-    twice = sorted({name for name in names if names.count(name) > 1})
-    if twice:
-        raise ArmError(f"compare lists arm {', '.join(twice)} more than once; each arm must differ")
-    problems = [f"arm {arm.name}: {reason}" for arm in arms for reason in refusals(profile, arm, canaries)]
-    if problems:
-        raise ArmError("; ".join(problems))
     if expect is None and compare is None:
         expect = profile.expect
-    if not expect:
-        return Plan(arms, None)
-    known = names or [ArmSpec(variant=variant).name]
-    unknown = [name for name in expect if name not in known]
-    if unknown:
-        raise ArmError(f"expect names {', '.join(unknown)}, not an arm of this run; its arms: {', '.join(known)}")
-    return Plan(arms, dict(expect))
+    check_arms(profile, arms, variant, canaries, expect)
+    return Plan(arms, dict(expect) if expect else None)
 
 
 def run_arms(stored: list[dict[str, Any]], profile: Profile) -> list[ArmSpec]:

@@ -11,7 +11,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, or_, select, update
+from sqlalchemy import ColumnElement, and_, delete, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -68,15 +68,19 @@ def _name_taken(holder: ApiToken) -> NameTaken:
     )
 
 
-def lookup(session: Session, token: str) -> ApiToken | None:
-    """The live token row for a presented secret: not revoked, not expired."""
-    return session.scalar(
-        select(ApiToken).where(
-            ApiToken.token_hash == hash_token(token),
-            ApiToken.revoked.is_(False),
-            or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > utcnow()),
-        )
+def live(now: datetime) -> ColumnElement[bool]:
+    """What makes a token row usable: not revoked, not expired, and a role this service knows.
+    A role renamed or emptied in the database is no role: the token is refused like a revoked one."""
+    return and_(
+        ApiToken.revoked.is_(False),
+        or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > now),
+        ApiToken.role.in_([role.value for role in Role]),
     )
+
+
+def lookup(session: Session, token: str) -> ApiToken | None:
+    """The live token row for a presented secret (`live`)."""
+    return session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token), live(utcnow())))
 
 
 def authenticate(url: str, token: str) -> ApiToken | None:

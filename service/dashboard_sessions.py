@@ -11,10 +11,10 @@ from __future__ import annotations
 import secrets
 from datetime import timedelta
 
-from sqlalchemy import delete, or_, select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from service.auth import hash_token
+from service.auth import hash_token, live
 from service.db.models import ApiToken, DashboardSession, utcnow
 from service.db.session import session_scope
 
@@ -38,17 +38,13 @@ def start(session: Session, token: ApiToken) -> tuple[str, int]:
 
 
 def token_of(session: Session, secret: str) -> ApiToken | None:
-    """The live token behind a live session, or None (unknown, logged out, expired, or revoked)."""
+    """The live token behind a live session, or None (unknown, logged out, expired, revoked, or of a
+    role this service does not know)."""
     now = utcnow()
     return session.scalar(
         select(ApiToken)
         .join(DashboardSession, DashboardSession.token_id == ApiToken.id)
-        .where(
-            DashboardSession.secret_hash == hash_token(secret),
-            DashboardSession.expires_at > now,
-            ApiToken.revoked.is_(False),
-            or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > now),
-        )
+        .where(DashboardSession.secret_hash == hash_token(secret), DashboardSession.expires_at > now, live(now))
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from service.profiles import Profile, ProfileError, load_profiles
+from service.profiles import Profile, ProfileError, load_profiles, secret_env
 from service.settings import Settings
 from service.vllm_configs import VllmConfig, load_configs
 
@@ -39,4 +39,13 @@ def configured_profiles(settings: Settings) -> dict[str, Profile]:
     catalog = load_catalog(settings)
     for problem in catalog.problems:
         log.warning("vLLM config: %s", problem)
+    for name, profile in catalog.profiles.items():
+        secrets = secret_env(profile)
+        if secrets:
+            log.warning(
+                "profile %s puts %s in engine.env: each run stores the value with its profile (the API shows only "
+                "the name); set it in the environment of `kvcanary serve` instead, which the engine inherits",
+                name,
+                ", ".join(secrets),
+            )
     return catalog.profiles

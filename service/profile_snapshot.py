@@ -19,6 +19,19 @@ def snapshot_of(profile: Profile) -> dict[str, Any]:
     return profile.model_dump(mode="json")
 
 
+HIDDEN = "(hidden)"
+
+
+def for_readers(snapshot: Mapping[str, Any]) -> dict[str, Any]:
+    """The snapshot as the API and the dashboard show it: `engine.env` keeps its names, not its
+    values, which may hold a credential (a hub token) that anyone reading a run would see."""
+    shown = dict(snapshot)
+    engine = shown.get("engine")
+    if isinstance(engine, Mapping) and isinstance(engine.get("env"), Mapping):
+        shown["engine"] = {**engine, "env": dict.fromkeys(engine["env"], HIDDEN)}
+    return shown
+
+
 def digest(snapshot: Mapping[str, Any]) -> str:
     """A short, stable name of a snapshot: two runs with the same digest ran the same profile."""
     canonical = json.dumps(snapshot, sort_keys=True, separators=(",", ":"))

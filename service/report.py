@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from service.numbers import format_number
+from evals.numbers import format_number
 from service.schemas import MetricOut, RunDetail
 
 # Where stdout is a file or a CI log, nothing wraps lines: a table cut to 80 columns

@@ -11,12 +11,21 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 from service.arms import describe_outcome
-from service.profile_snapshot import digest
+from service.profile_snapshot import digest, for_readers
 from service.profiles import MAX_ARMS, NAME_PATTERN, ArmSpec, Expectation, Profile, RunOverrides
-from service.text import storable, text_problem
+from service.text import INT64_MAX, label_value, nfc, storable
 
 if TYPE_CHECKING:  # the client parses these documents without the server's database layer
     from service.db.models import Run, SuiteResult
@@ -26,36 +35,44 @@ LABEL_KEY = r"^[a-z][a-z0-9_.-]{0,63}$"
 MAX_LABELS = 20
 MAX_LABEL_VALUE = 512
 MAX_LABEL_FILTERS = MAX_LABELS
-INT64_MAX = 2**63 - 1  # ids, offsets and JSON integers past this cannot be stored
+# Labels only the service sets: a batch is a record `kvcanary mutants` makes, never a caller's label.
+RESERVED_LABELS = {"mutation_batch": "mutation batches are started by `kvcanary mutants` (admin), not labelled"}
 
 T = TypeVar("T")
 
 
 def parse_label_pairs(pairs: Iterable[str]) -> dict[str, str]:
-    """`key=value` strings (CLI options, list filters) as labels; ValueError names the bad one."""
+    """`key=value` strings (CLI options, list filters) as labels, values in NFC; ValueError names the bad one."""
     labels = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         key = key.strip()
         if not sep or not key:
             raise ValueError(f"label {pair[:80]!r} must be key=value, e.g. git_sha=3f2a9c1")
-        labels[key] = value.strip()
+        labels[key] = nfc(value.strip())
     return labels
 
 
 def check_labels(labels: dict[str, str]) -> dict[str, str]:
-    """Labels end up in filters, alerts and pages: bounded, simple keys, printable values."""
+    """Labels end up in filters, alerts, pages and release names: bounded, simple keys, values in NFC
+    that read as they are stored (no control, format or bidi characters), no key the service reserves.
+    Returns them normalised; ValueError names the label and the character."""
     if len(labels) > MAX_LABELS:
         raise ValueError(f"at most {MAX_LABELS} labels")
-    for key, value in labels.items():
+    checked = {}
+    for key, raw in labels.items():
         if not re.match(LABEL_KEY, key):
             raise ValueError(f"label key {key!r} must match {LABEL_KEY}")
-        if len(value) > MAX_LABEL_VALUE or any(ord(c) < 32 for c in value):
+        if key in RESERVED_LABELS:
+            raise ValueError(f"label {key!r} is reserved: {RESERVED_LABELS[key]}")
+        try:
+            value = label_value(raw)
+        except ValueError as exc:
+            raise ValueError(f"label {key!r}: {exc}") from exc
+        if len(value) > MAX_LABEL_VALUE:
             raise ValueError(f"label {key!r}: at most {MAX_LABEL_VALUE} printable characters")
-        problem = text_problem(value)
-        if problem:
-            raise ValueError(f"label {key!r}: {problem}")
-    return labels
+        checked[key] = value
+    return checked
 
 
 class RunCreate(BaseModel):
@@ -211,8 +228,23 @@ def _summary_fields(run: Run) -> dict[str, Any]:
     }
 
 
+def engine_groups(engine: dict[str, Any], arms: list[str]) -> list[list[str]]:
+    """The arms (in run order) of each numbered engine their facts name; arms without one left out."""
+    numbered: dict[int, list[str]] = {}
+    for arm in arms:
+        use = (engine.get(arm) or {}).get("engine_use") or {}
+        if isinstance(use.get("engine"), int):
+            numbered.setdefault(use["engine"], []).append(arm)
+    return [numbered[number] for number in sorted(numbered)]
+
+
 class RunDetail(RunSummary):
     verdict_summary: str
+    triggered_role: str = Field("", description="ci, admin, scheduler or host (the CLI on the service's host)")
+    exploratory: str = Field(
+        "",
+        description="Why the run did not run its profile as defined (it then never decides a release); empty: it did",
+    )
     expect: dict[str, str] | None = Field(None, description="Arm name -> what it must do (pass | fail)")
     arm_verdicts: dict[str, str] = Field(
         default_factory=dict, description="Arm name -> pass | fail (any metric failed) | error (its engine died)"
@@ -226,10 +258,17 @@ class RunDetail(RunSummary):
     )
     profile_snapshot: dict[str, Any] | None = Field(
         None,
-        description="The profile as resolved when the run was triggered (overrides in place), which it executes; "
-        "null for runs queued before snapshots were stored, which executed the profile's file",
+        description="The profile as resolved when the run was triggered (overrides in place), which it executes, "
+        "engine.env values hidden (names shown); null for runs queued before snapshots were stored, which "
+        "executed the profile's file",
     )
-    engine: dict[str, Any] = Field(description="Per arm: vLLM version, models, GPU, injection receipts")
+    engine: dict[str, Any] = Field(
+        description="Per arm: vLLM version, models, GPU, injection receipts, and `engine_use`: the engine it ran "
+        "on (numbered in run order), the arm that started it, and either why it started fresh or its switch"
+    )
+    engine_groups: list[list[str]] = Field(
+        default_factory=list, description="The arms of each engine the run started, in run order: arms that shared one"
+    )
     timings: dict[str, Any]
     metrics: list[MetricOut]
     log_tail: str
@@ -240,6 +279,8 @@ class RunDetail(RunSummary):
         return cls(
             **_summary_fields(run),
             verdict_summary=run.verdict_summary,
+            triggered_role=run.triggered_role,
+            exploratory=run.exploratory,
             expect=run.expect,
             arm_verdicts=run.arm_verdicts or {},
             outcome_summary=describe_outcome(run.expect, run.arm_verdicts or {}) if run.outcome else "",
@@ -247,8 +288,11 @@ class RunDetail(RunSummary):
             max_attempts=run.max_attempts,
             overrides=run.overrides or {},
             profile_digest=digest(run.profile_snapshot) if run.profile_snapshot is not None else None,
-            profile_snapshot=run.profile_snapshot,
+            profile_snapshot=for_readers(run.profile_snapshot) if run.profile_snapshot is not None else None,
             engine=run.engine or {},
+            engine_groups=engine_groups(
+                run.engine or {}, [a["name"] for a in run.arms or []] or list(run.engine or {})
+            ),
             timings=run.timings or {},
             metrics=[MetricOut.of(r) for r in results],
             log_tail=run.log_tail,
@@ -344,7 +388,7 @@ class BaselineUpdate(BaseModel):
     tolerance_kind: Literal["absolute", "relative"] | None = None
     tolerance: float | None = Field(None, ge=0, le=10)
     source: Annotated[str, AfterValidator(storable)] | None = Field(None, max_length=1000)
-    reference_run_id: int | None = Field(None, ge=1, le=INT64_MAX)
+    reference_run_id: StrictInt | None = Field(None, ge=1, le=INT64_MAX)
 
     @model_validator(mode="after")
     def _required_fields_not_null(self) -> BaselineUpdate:

@@ -16,6 +16,8 @@ from service.profiles import NAME_PATTERN
 from service.schemas import LABEL_KEY
 
 PACKAGED_PROFILES = Path(__file__).resolve().parent / "profiles"
+# Who may trigger a run that decides a release: tokens' roles, the scheduler, the CLI on the host.
+GATE_ROLES = ("ci", "admin", "scheduler", "host")
 
 
 class Settings(BaseSettings):
@@ -45,6 +47,26 @@ class Settings(BaseSettings):
     max_in_flight: int = Field(
         1024, gt=0, description="API requests served at once; more are answered 503 with Retry-After"
     )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A request's headers must all arrive within this; past it, 408 and the connection closes",
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="A request's body must all arrive within this after its headers; past it, 408"
+    )
+    max_connections_per_client: int = Field(
+        256, gt=0, description="Open connections one client address may hold; past it, 429 with Retry-After"
+    )
+    max_queued_runs_per_token: int = Field(
+        20,
+        ge=1,
+        description="Queued runs one token may have at once; past it, 429 (admins change it at /api/v1/quotas)",
+    )
+    max_queued_engine_loads_per_token: int = Field(
+        100, ge=1, description="Engine loads (arms x runs) one token may have queued at once; past it, 429"
+    )
+    max_queued_runs: int = Field(1000, ge=1, description="Queued runs of all tokens together; past it, 429")
     nightly: bool = Field(False, description="Switch on the profiles' nightly schedules (a GPU host sets it)")
     scheduler_tick_s: float = Field(15.0, gt=0, description="How often the scheduler looks for due schedules")
     alert_webhooks: list[str] = Field(default_factory=list, description='Generic JSON webhooks, e.g. ["https://..."]')
@@ -56,6 +78,10 @@ class Settings(BaseSettings):
     release_required_profiles: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Profiles every release needs passed, comma-separated"
     )
+    release_gate_roles: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(GATE_ROLES),
+        description="Roles whose runs may decide a release (ci, admin, scheduler, host), comma-separated",
+    )
 
     @field_validator("vllm_configs", mode="before")
     @classmethod
@@ -64,7 +90,7 @@ class Settings(BaseSettings):
             return [Path(part) for part in value.split(os.pathsep) if part.strip()]
         return value
 
-    @field_validator("release_required_profiles", mode="before")
+    @field_validator("release_required_profiles", "release_gate_roles", mode="before")
     @classmethod
     def _split_names(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -78,6 +104,16 @@ class Settings(BaseSettings):
         if bad:
             raise ValueError(f"not profile names: {', '.join(map(repr, bad))} (each must match {NAME_PATTERN})")
         return list(dict.fromkeys(names))
+
+    @field_validator("release_gate_roles")
+    @classmethod
+    def _gate_roles(cls, roles: list[str]) -> list[str]:
+        bad = [role for role in roles if role not in GATE_ROLES]
+        if bad:
+            raise ValueError(
+                f"not roles that may gate: {', '.join(map(repr, bad))} (choose from {', '.join(GATE_ROLES)})"
+            )
+        return list(dict.fromkeys(roles))
 
     def resolved_database_url(self) -> str:
         if self.database_url:

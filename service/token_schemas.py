@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from service.durations import EXAMPLES, parse_duration
 from service.profiles import NAME_PATTERN
@@ -33,7 +33,7 @@ class TokenCreate(BaseModel):
 
     name: str = Field(pattern=NAME_PATTERN, description="Who or what holds it")
     role: Literal["viewer", "ci", "admin"]
-    expires_in_days: int | None = Field(None, ge=1, le=3650, description="Left out: the token does not expire")
+    expires_in_days: StrictInt | None = Field(None, ge=1, le=3650, description="Left out: the token does not expire")
     expires_in: str | None = Field(
         None, max_length=16, description=f"Lifetime as the CLI takes it, e.g. {EXAMPLES}; instead of expires_in_days"
     )

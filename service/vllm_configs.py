@@ -22,7 +22,7 @@ import yaml
 from pydantic import ValidationError
 
 from evals.suites.lmeval import NAME as LM_EVAL
-from service.profiles import NAME_PATTERN, Profile, ProfileError, describe
+from service.profiles import NAME_PATTERN, Profile, ProfileError, describe, read_mapping
 
 DEFAULT_RTOL = 0.08
 DEFAULT_MAX_MODEL_LEN = 4096  # what vLLM's harness passes when a file names none
@@ -205,12 +205,7 @@ def looks_like_vllm_config(raw: Any) -> bool:
 
 def read_config(path: Path, tensor_parallel_size: int = 1) -> VllmConfig:
     """One vLLM config file as a profile; a file that cannot be one raises ProfileError."""
-    try:
-        raw: Any = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ProfileError(f"{path}: cannot read YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ProfileError(f"{path}: a vLLM lm-eval config is a mapping, got {type(raw).__name__}")
+    raw = read_mapping(path, "a vLLM lm-eval config")
     if not re.match(NAME_PATTERN, profile_name(path)):
         raise ProfileError(f"{path}: the file name does not make a profile name matching {NAME_PATTERN}")
     reader = _Reader(path, raw, tensor_parallel_size)

@@ -18,18 +18,18 @@ partial per view (`samples/<kind>.html`, `diff/<kind>.html`), with no branch add
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from service.numbers import format_number
+from evals.numbers import format_number
+from evals.records import Sample
+from evals.registry import Registry
 
 if TYPE_CHECKING:
-    from evals.suites.base import Sample
     from evals.verdict import Judge
 
-Samples = Mapping[str, "Sample"]
+Samples = Mapping[str, Sample]
 
 _MODULES = (
     "evals.kinds.accuracy",
@@ -69,7 +69,7 @@ class MetricKind:
     `totals`: per-suite sums pages show, each the sum of `data[a][b]` over the paths named.
     `marks(target, response)`: what the samples page marks inside a sample's texts (None: nothing).
     `display(value, details, missing)`: the value as every report writes it (CLI, JUnit, pages,
-    summaries), in `service.numbers`' format; `missing` where there is no value.
+    summaries), in `evals.numbers`' format; `missing` where there is no value.
     `plotted(value, details)`: the value a chart draws (None: no point, e.g. a non-finite KL).
     `filters`: template filters the kind's dashboard partials use, by name.
     """
@@ -95,17 +95,6 @@ class MetricKind:
     filters: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
 
 
-def registry() -> dict[str, MetricKind]:
-    """Every kind by name, in the order run diffs list their sections."""
-    found: dict[str, MetricKind] = {}
-    for module_name in _MODULES:
-        kind: MetricKind = importlib.import_module(module_name).KIND
-        found[kind.name] = kind
-    return found
-
-
-def get(name: str) -> MetricKind:
-    kinds = registry()
-    if name not in kinds:
-        raise KeyError(f"unknown metric kind {name!r}; known kinds: {', '.join(kinds)}")
-    return kinds[name]
+REGISTRY: Registry[MetricKind] = Registry("metric kind", _MODULES, "KIND", lambda kind: kind.name)
+registry = REGISTRY.all  # every kind by name, in the order run diffs list their sections
+get = REGISTRY.get

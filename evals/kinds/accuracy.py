@@ -12,18 +12,15 @@ from collections.abc import Mapping, Sequence
 from pydantic import BaseModel, Field
 
 from evals.kinds import Change, MetricKind, Samples
+from evals.numbers import format_number
+from evals.records import Sample
 from evals.stats import accuracy_mde, accuracy_stderr, mcnemar_exact, wilson_interval
-from evals.suites.base import Sample
 from evals.verdict import POWER, Baseline, Measured, MetricJudgement, Paired, check_inputs, decide
 
 
 def correct_flags(samples: Samples, metric: str) -> dict[str, bool]:
     """key -> correct under `metric`; samples without a flag for it are left out."""
     return {key: s.correct[metric] for key, s in samples.items() if metric in s.correct}
-
-
-def fmt(x: float) -> str:
-    return f"{x:.4f}"
 
 
 def judge_accuracy(
@@ -43,8 +40,8 @@ def judge_accuracy(
     low, high = wilson_interval(k, n, 1 - alpha)
     measured = Measured(
         items="items",
-        fmt=fmt,
-        fmt_width=fmt,
+        fmt=format_number,
+        fmt_width=format_number,
         value=value,
         n=n,
         summary=f"{value:.4f} ({k}/{n} correct, {1 - alpha:.0%} CI {low:.4f}-{high:.4f})",

@@ -18,6 +18,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from evals.kinds import Change, MetricKind, Samples
+from evals.numbers import format_number
 from evals.stats import _z_alpha_power
 from evals.verdict import POWER, Baseline, Measured, MetricJudgement, Paired, check_inputs, decide
 
@@ -49,10 +50,6 @@ def _resampled(aggregate: Callable[[list[Any]], float], columns: Sequence[list[A
     return np.array([[aggregate([column[i] for i in idx]) for column in columns] for idx in draws])
 
 
-def _fmt(x: float) -> str:
-    return f"{x:.4f}"
-
-
 def judge_corpus(
     suite: str,
     metric: str,
@@ -76,8 +73,8 @@ def judge_corpus(
     k = sum(_z_alpha_power(alpha, POWER))
     measured = Measured(
         items="items",
-        fmt=_fmt,
-        fmt_width=_fmt,
+        fmt=format_number,
+        fmt_width=format_number,
         value=value,
         n=len(keys),
         summary=f"{value:.4f} (over {len(keys)} items, {1 - alpha:.0%} CI {low:.4f}-{high:.4f} from {RESAMPLES} "

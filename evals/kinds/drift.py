@@ -16,17 +16,22 @@ from pydantic import BaseModel, Field
 from evals.drift_verdict import judge_drift
 from evals.kinds import Change, MetricKind, Samples
 from evals.logprob_drift import compare, unpack
-from evals.suites.base import Sample
-from service.numbers import format_number
+from evals.numbers import format_number
+from evals.records import Sample
 
 NOT_FINITE = 1e30  # a non-finite KL where a number must be stored: above any KL, and still a JSON number
 # (an infinity is not); the judgement's `kl_finite` flag says it is not a KL
 
 
 def display(value: float | None, details: Mapping[str, Any] | None, missing: str) -> str:
-    """A KL, or "not finite" where the judgement flags it so: the stored number is a placeholder."""
+    """A KL, or "not finite" where the judgement flags it so (the stored number is a placeholder), or
+    the number that decided where another path than the KL did (`headline`: a decode excess, the
+    divergences, the tail count): a table must not show a KL of 0 beside a fail that decode decided."""
     if details is not None and details.get("kl_finite") is False:
         return "not finite"
+    headline = (details or {}).get("headline")
+    if isinstance(headline, str) and headline:
+        return headline
     return format_number(value, missing=missing)
 
 
@@ -37,7 +42,7 @@ def plotted(value: float, details: Mapping[str, Any] | None) -> float | None:
 
 def _scores(samples: Samples, metric: str) -> dict[str, Any]:
     """key -> the prompt's floor and (for a candidate) drift rows, as `judge_drift` reads them."""
-    fields = ("floor", "drift", "finite", "kl_tolerance", "dlogprob_tolerance")
+    fields = ("floor", "drift", "finite", "kl_tolerance", "dlogprob_tolerance", "tail_tolerance", "engine_change")
     return {key: {k: s.data[k] for k in fields if k in s.data} for key, s in samples.items() if "floor" in s.data}
 
 

@@ -1,7 +1,7 @@
 """The invariance kind: the same tokens under serving conditions, each beside its A/A floor.
 
 An invariance sample (`evals.suites.invariance`) keeps per condition a drift and a floor row
-in `data["conditions"]`; the kind hands them to `evals.invariance.judge_invariance`, flags a
+in `data["conditions"]`; the kind hands them to `evals.invariance_verdict.judge_invariance`, flags a
 prompt bad when a condition moved its argmax where its floor did not (or outside the close
 rule), orders prompts by their largest KL excess over the floor, and diffs per condition.
 """
@@ -13,10 +13,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from evals.invariance import _mean, judge_invariance
+from evals.invariance import _mean
+from evals.invariance_verdict import judge_invariance
 from evals.kinds import MetricKind, Samples
 from evals.kinds.drift import display, plotted
-from evals.suites.base import Sample
+from evals.records import Sample
 
 NON_FINITE_SEVERITY = 1e30
 
@@ -30,6 +31,8 @@ def _scores(samples: Samples, metric: str) -> dict[str, Any]:
         "tolerances",
         "dlogprob_tolerance",
         "dlogprob_tolerances",
+        "tail_tolerance",
+        "engine_change",
         "seconds",
     )
     return {key: {k: s.data.get(k) for k in keep} for key, s in samples.items() if "conditions" in s.data}

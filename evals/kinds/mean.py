@@ -15,8 +15,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from evals.kinds import Change, MetricKind, Samples
+from evals.numbers import format_number
+from evals.records import Sample
 from evals.stats import bootstrap_wer_interval, paired_bootstrap_wer, wer_mde, wer_stderr
-from evals.suites.base import Sample
 from evals.verdict import POWER, Baseline, Measured, MetricJudgement, Paired, check_inputs, decide
 
 NAME = "mean"
@@ -25,10 +26,6 @@ NAME = "mean"
 def scores(samples: Samples, metric: str) -> dict[str, float]:
     """key -> the item's score under `metric`; samples without one are left out."""
     return {key: float(s.data[NAME][metric]) for key, s in samples.items() if metric in s.data.get(NAME, {})}
-
-
-def fmt(x: float) -> str:
-    return f"{x:.4f}"
 
 
 def judge_mean(
@@ -51,8 +48,8 @@ def judge_mean(
     low, high = bootstrap_wer_interval(values, ones, confidence=1 - alpha)
     measured = Measured(
         items="items",
-        fmt=fmt,
-        fmt_width=fmt,
+        fmt=format_number,
+        fmt_width=format_number,
         value=value,
         n=len(keys),
         summary=f"{value:.4f} (mean over {len(keys)} items, {1 - alpha:.0%} CI {low:.4f}-{high:.4f})",

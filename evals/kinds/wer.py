@@ -4,19 +4,22 @@ A sample keeps its counts in `data["wer"]` (`WordCounts`): substitutions, deleti
 insertions against the normalised reference, and its word count. Judged as the corpus WER with
 a bootstrap interval over utterances and, against a reference, a paired bootstrap on the
 utterances both runs transcribed; diffed as the utterances whose error counts changed most.
-A sample's severity is its word errors, so pages list the worst utterances first.
+A sample's severity is its word errors, so pages list the worst utterances first. Words are
+Whisper's English normalisation of both sides (`normalize`): the suite counts with it and the
+samples page marks the same alignment (`word_marks`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import cache
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from evals.kinds import Change, MetricKind, Samples
+from evals.records import Sample
 from evals.stats import bootstrap_wer_interval, corpus_wer, paired_bootstrap_wer, wer_mde, wer_stderr
-from evals.suites.base import Sample
 from evals.verdict import POWER, Baseline, Measured, MetricJudgement, Paired, check_inputs, decide
 
 NAME = "wer"
@@ -217,10 +220,38 @@ def _scores(samples: Samples, metric: str) -> dict[str, Any]:
     return dict(word_errors(samples))
 
 
-def _marks(reference: str, hypothesis: str) -> Any:
-    from evals.suites.wer import word_marks  # the suite's normaliser and aligner; it imports this module
+@cache
+def _normalizer() -> Any:
+    from whisper_normalizer.english import EnglishTextNormalizer
 
-    return word_marks(reference, hypothesis)
+    return EnglishTextNormalizer()
+
+
+def normalize(text: str) -> str:
+    """Whisper's English normalisation: case, punctuation, numbers, contractions, spelling."""
+    result: str = _normalizer()(text)
+    return result
+
+
+def word_marks(reference: str, hypothesis: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The normalised words of both sides, each with what jiwer's alignment made of it.
+
+    Marks are jiwer's chunk types: equal, substitute, delete (reference only), insert
+    (hypothesis only); so the samples page shows the very edits the S/D/I counts add up.
+    """
+    import jiwer
+
+    ref_norm, hyp_norm = normalize(reference), normalize(hypothesis)
+    if not ref_norm:
+        return [], []
+    aligned = jiwer.process_words(ref_norm, hyp_norm)
+    ref_words, hyp_words = aligned.references[0], aligned.hypotheses[0]
+    ref: list[tuple[str, str]] = []
+    hyp: list[tuple[str, str]] = []
+    for chunk in aligned.alignments[0]:
+        ref += [(word, chunk.type) for word in ref_words[chunk.ref_start_idx : chunk.ref_end_idx]]
+        hyp += [(word, chunk.type) for word in hyp_words[chunk.hyp_start_idx : chunk.hyp_end_idx]]
+    return ref, hyp
 
 
 KIND = MetricKind(
@@ -238,5 +269,5 @@ KIND = MetricKind(
         "word_errors": ((NAME, "substitutions"), (NAME, "deletions"), (NAME, "insertions")),
         "ref_words": ((NAME, "ref_words"),),
     },
-    marks=_marks,
+    marks=word_marks,
 )

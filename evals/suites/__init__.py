@@ -1,11 +1,11 @@
-"""Suite registry: a third suite is one new module listed in `_MODULES`, nothing else."""
+"""Suite registry: a new suite is one new module listed in `_MODULES`, nothing else."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from evals.registry import Registry
 from evals.suites.base import SuiteDefinition
 
 if TYPE_CHECKING:  # the kinds compute with numpy; the bare client install has none
@@ -21,20 +21,10 @@ _MODULES = (
 )
 
 
-def registry() -> dict[str, SuiteDefinition]:
-    """Every suite by name; each module exposes `DEFINITION` and imports heavy code lazily."""
-    found: dict[str, SuiteDefinition] = {}
-    for module_name in _MODULES:
-        definition: SuiteDefinition = importlib.import_module(module_name).DEFINITION
-        found[definition.name] = definition
-    return found
-
-
-def get(name: str) -> SuiteDefinition:
-    suites = registry()
-    if name not in suites:
-        raise KeyError(f"unknown suite {name!r}; known suites: {', '.join(sorted(suites))}")
-    return suites[name]
+# Each module exposes `DEFINITION` and imports heavy code lazily.
+REGISTRY: Registry[SuiteDefinition] = Registry("suite", _MODULES, "DEFINITION", lambda definition: definition.name)
+registry = REGISTRY.all
+get = REGISTRY.get
 
 
 def metric_kind(suite: str, metric: str) -> MetricKind:
@@ -54,5 +44,5 @@ def stored_kind(suite: str, metric: str) -> MetricKind:
 
 
 def shown(suite: str, metric: str, value: float | None, details: Mapping[str, Any] | None, missing: str = "-") -> str:
-    """A stored metric's value as its kind writes it (`service.numbers`' format)."""
+    """A stored metric's value as its kind writes it (`evals.numbers`' format)."""
     return stored_kind(suite, metric).display(value, details, missing)

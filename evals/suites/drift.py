@@ -36,21 +36,14 @@ from typing import Any, Literal
 import httpx
 from pydantic import Field
 
-from evals import fixtures
-from evals.drift_verdict import DEFAULT_DLOGPROB_MARGIN, DEFAULT_KL_MARGIN, kl_value
+from evals import fixtures, pool
+from evals.drift_verdict import DEFAULT_DLOGPROB_MARGIN, DEFAULT_KL_MARGIN, DEFAULT_TAIL_MARGIN, kl_value
 from evals.fixtures import retrieval_data
 from evals.kinds.drift import KIND as DRIFT
 from evals.kinds.drift import NOT_FINITE
 from evals.logprob_drift import ArmOutput, PromptDrift, compare, pack, unpack
-from evals.suites.base import (
-    MetricSpec,
-    MetricValue,
-    Sample,
-    SuiteConfig,
-    SuiteContext,
-    SuiteDefinition,
-    SuiteOutcome,
-)
+from evals.records import MetricValue, Sample
+from evals.suites.base import MetricSpec, SuiteConfig, SuiteContext, SuiteDefinition, SuiteOutcome
 from evals.suites.logprob_client import Client
 
 NAME = "drift"
@@ -82,6 +75,7 @@ class DriftConfig(SuiteConfig):
     edge_lengths: bool = True
     kl_tolerance: float = Field(DEFAULT_KL_MARGIN, ge=0)  # the KL margin over the floor
     dlogprob_tolerance: float = Field(DEFAULT_DLOGPROB_MARGIN, ge=0)  # the decode |delta logprob| margin
+    tail_tolerance: float = Field(DEFAULT_TAIL_MARGIN, ge=0)  # the tail rule's margin over the floor's largest KL
 
 
 @dataclass(frozen=True)
@@ -230,23 +224,15 @@ async def _run_arm(
     """Each prompt's greedy output and its teacher-forced scores of `forced[key]` (or its own
     sequence); `finished` hears of each prompt as it completes."""
     outputs: dict[str, ArmOutput] = {}
-    pending = iter(prompts)
 
-    async def worker() -> None:
-        for prompt in pending:
-            tokens, logprobs, top = await client.generate(prompt.ids)
-            sequence = forced.get(prompt.key) or [*prompt.ids, *tokens]
-            prefill_top, prefill_own = await client.score(sequence)
-            outputs[prompt.key] = ArmOutput(tokens, logprobs, top, prefill_top, prefill_own)
-            finished(prompt, outputs[prompt.key])
+    async def one(prompt: Prompt) -> None:
+        tokens, logprobs, top = await client.generate(prompt.ids)
+        sequence = forced.get(prompt.key) or [*prompt.ids, *tokens]
+        prefill_top, prefill_own = await client.score(sequence)
+        outputs[prompt.key] = ArmOutput(tokens, logprobs, top, prefill_top, prefill_own)
+        finished(prompt, outputs[prompt.key])
 
-    workers = [asyncio.create_task(worker()) for _ in range(min(concurrency, len(prompts)))]
-    try:
-        await asyncio.gather(*workers)
-    finally:
-        for task in workers:
-            task.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
+    await pool.each(prompts, concurrency, one)
     return outputs
 
 
@@ -272,9 +258,11 @@ def _sample(
     reference: ArmOutput | None,
     config: DriftConfig,
     again: ArmOutput | None = None,
+    change: Mapping[str, Any] | None = None,
 ) -> Sample:
     """A reference's sample keeps its second pass (`again`) and a candidate's the reference's
-    output, so that a changed rule can re-compare stored runs."""
+    output, so that a changed rule can re-compare stored runs, and what its engine changed
+    (`SuiteContext.engine_change`)."""
     finite = floor.finite if drift is None else drift.finite
     data: dict[str, Any] = {
         "prompt_ids": prompt.ids,
@@ -285,9 +273,11 @@ def _sample(
         "finite": finite,
         "kl_tolerance": config.kl_tolerance,
         "dlogprob_tolerance": config.dlogprob_tolerance,
+        "tail_tolerance": config.tail_tolerance,
     }
     if reference is not None:
         data["reference"] = pack(reference)
+        data["engine_change"] = dict(change) if change is not None else None
     if again is not None:
         data["floor_arm"] = pack(again)
     diverged = drift.first_divergence if drift is not None else None
@@ -348,7 +338,7 @@ async def _run(context: SuiteContext) -> tuple[list[Sample], int]:
                 data = references[prompt.key]
                 ref, floor = unpack(data["arm"]), PromptDrift(**data["floor"])
                 drift = compare(ref, mine, prompt.shared, len(prompt.ids))
-                keep(_sample(prompt, mine, floor, drift, ref, config))
+                keep(_sample(prompt, mine, floor, drift, ref, config, change=context.engine_change))
 
             forced = {key: [*data["prompt_ids"], *data["arm"]["tokens"]] for key, data in references.items()}
             await _run_arm(client, todo, config.concurrency, forced, compared)

@@ -27,15 +27,8 @@ import yaml
 from pydantic import Field, model_validator
 
 from evals.kinds.accuracy import KIND as ACCURACY
-from evals.suites.base import (
-    MetricSpec,
-    MetricValue,
-    Sample,
-    SuiteConfig,
-    SuiteContext,
-    SuiteDefinition,
-    SuiteOutcome,
-)
+from evals.records import MetricValue, Sample
+from evals.suites.base import MetricSpec, SuiteConfig, SuiteContext, SuiteDefinition, SuiteOutcome
 from evals.suites.lm_eval_client import (
     EMIT_EVERY,
     EMIT_INTERVAL_S,

@@ -37,63 +37,31 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import httpx
-from pydantic import Field, field_validator
 
 from evals import invariance as inv
-from evals.drift_verdict import DEFAULT_DLOGPROB_MARGIN, DEFAULT_KL_MARGIN
 from evals.invariance import Observation, observe
-from evals.invariance_conditions import Asker, EngineFacts, PromptRun, batch, engine_facts, family, sequential
+from evals.invariance_conditions import (
+    Asker,
+    EngineFacts,
+    InvarianceConfig,
+    PromptRun,
+    batch,
+    engine_facts,
+    family,
+    sequential,
+)
 from evals.kinds.drift import NOT_FINITE
 from evals.kinds.invariance import KIND as INVARIANCE
-from evals.suites.base import MetricSpec, MetricValue, Sample, SuiteConfig, SuiteContext, SuiteDefinition, SuiteOutcome
+from evals.records import MetricValue, Sample
+from evals.suites.base import MetricSpec, SuiteContext, SuiteDefinition, SuiteOutcome
 from evals.suites.drift import DriftConfig, Prompt, source_prompts
 from evals.suites.logprob_client import Client
 
 NAME = "invariance"
 METRIC = "kl"
-ConditionName = Literal["decode_prefill", "batch", "prefix_hit", "prefix_family", "long_context"]
-PER_REQUEST: tuple[ConditionName, ...] = ("decode_prefill", "batch", "prefix_hit", "prefix_family", "long_context")
-
-
-class InvarianceConfig(SuiteConfig):
-    """`limit` GSM8k prompts; `conditions` the per-request conditions to build; `tolerances` and
-    `dlogprob_tolerances` a per-condition KL and decode |delta logprob| margin (nats over the floor)
-    where one must differ from `kl_tolerance` / `dlogprob_tolerance`: an engine-level arm that
-    changes more than attention (CUDA graphs compile the model) moves decode logprobs honestly."""
-
-    limit: int | None = Field(16, ge=1)
-    source: Literal["gsm8k", "recall"] = "gsm8k"  # as the drift suite's (DriftConfig)
-    ladder: list[int] = Field(default_factory=list)
-    questions_file: Path = Path("fixture:gsm8k-test.jsonl")
-    fewshot_file: Path = Path("fixture:gsm8k-fewshot.jsonl")
-    num_fewshot: int = Field(5, ge=0)
-    max_tokens: int = Field(16, ge=1)
-    logprobs: int = Field(5, ge=1, le=20)
-    concurrency: int = Field(64, ge=1)
-    block_size: int | None = Field(None, ge=2)
-    conditions: list[ConditionName] = Field(default_factory=lambda: list(PER_REQUEST))
-    batch_fillers: int = Field(8, ge=0)
-    preamble_text: str = Field("\n", min_length=1)
-    min_preamble_tokens: int = Field(128, ge=1)
-    seed: int = 0
-    kl_tolerance: float = Field(DEFAULT_KL_MARGIN, ge=0)
-    tolerances: dict[str, float] = Field(default_factory=dict)
-    dlogprob_tolerance: float = Field(DEFAULT_DLOGPROB_MARGIN, ge=0)
-    dlogprob_tolerances: dict[str, float] = Field(default_factory=dict)
-
-    @field_validator("tolerances", "dlogprob_tolerances")
-    @classmethod
-    def _known_conditions(cls, value: dict[str, float]) -> dict[str, float]:
-        unknown = sorted(set(value) - {*PER_REQUEST, "arm"})
-        if unknown:
-            raise ValueError(f"no condition named {', '.join(unknown)}; conditions: {', '.join([*PER_REQUEST, 'arm'])}")
-        if any(v < 0 for v in value.values()):
-            raise ValueError("a tolerance is nats over the floor: it cannot be negative")
-        return value
 
 
 def _prompt_hash(ids: Sequence[int]) -> str:
@@ -108,8 +76,12 @@ def _reusable(earlier: Sample | None, prompt: Prompt, control: Observation | Non
 
 
 def _sample(item: PromptRun, config: InvarianceConfig, engine: EngineFacts, control: Observation | None,
-            control_floor: Mapping[str, Any] | None, seconds: Mapping[str, float]) -> Sample:  # fmt: skip
+            stored: Mapping[str, Any], seconds: Mapping[str, float],
+            change: Mapping[str, Any] | None) -> Sample:  # fmt: skip
+    """One prompt's sample; a later arm's condition rows carry the control arm's (`stored`: its sample)."""
     p, n = item.prompt, item.n
+    control_floor = stored.get("alone_floor")
+    inv.attach_control(item.conditions, stored.get("conditions") or {})
     if control is not None and control_floor is not None and item.arm is not None:
         drift, positions = observe(control, item.arm)
         item.conditions["arm"] = {"drift": drift.as_dict(), "positions": positions, "floor": control_floor["drift"],
@@ -131,6 +103,8 @@ def _sample(item: PromptRun, config: InvarianceConfig, engine: EngineFacts, cont
         "tolerances": dict(config.tolerances),
         "dlogprob_tolerance": config.dlogprob_tolerance,
         "dlogprob_tolerances": dict(config.dlogprob_tolerances),
+        "tail_tolerance": config.tail_tolerance,
+        "engine_change": dict(change) if change is not None and control is not None else None,
         "engine": {key: engine.info[key] for key in ("block_size", "cache_dtype", "enable_prefix_caching")
                    if key in engine.info},
         "control": list(control.tokens) if control is not None else None,
@@ -191,8 +165,8 @@ async def _run(context: SuiteContext) -> tuple[list[Sample], int]:
             context.progress(done, total)
         share = {name: s / len(items) for name, s in asker.seconds.items()} if items else {}
         samples = [
-            _sample(item, config, engine, controls.get(item.prompt.key),
-                    stored.get(item.prompt.key, {}).get("alone_floor"), share)
+            _sample(item, config, engine, controls.get(item.prompt.key), stored.get(item.prompt.key, {}), share,
+                    context.engine_change)
             for item in items
         ]  # fmt: skip
         context.emit_samples(samples)

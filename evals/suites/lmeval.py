@@ -29,14 +29,8 @@ from evals.kinds import MetricKind
 from evals.kinds import corpus as corpus_kind
 from evals.kinds import mean as mean_kind
 from evals.kinds.accuracy import KIND as ACCURACY
-from evals.suites.base import (
-    MetricValue,
-    Sample,
-    SuiteConfig,
-    SuiteContext,
-    SuiteDefinition,
-    SuiteOutcome,
-)
+from evals.records import MetricValue, Sample
+from evals.suites.base import SuiteConfig, SuiteContext, SuiteDefinition, SuiteOutcome
 from evals.suites.lm_eval_client import evaluate, known_answers, observed_model_class
 
 NAME = "lm-eval"

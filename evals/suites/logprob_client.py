@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -19,12 +19,18 @@ from evals import retry
 from evals.logprob_drift import TopK
 from evals.suites.base import SuiteAborted, SuiteContext
 
-if TYPE_CHECKING:
-    from evals.suites.drift import DriftConfig
-
 BACKOFF_S = 0.5
 BACKOFF_CAP_S = 8.0
 _BLOCK_SIZE = re.compile(r'vllm:cache_config_info\{[^}]*block_size="(\d+)"')
+
+
+class Settings(Protocol):
+    """What the client reads from its suite's config (the drift and the invariance suites' both have it)."""
+
+    max_retries: int
+    max_tokens: int
+    logprobs: int
+    block_size: int | None
 
 
 class NotFinite(Exception):
@@ -36,7 +42,7 @@ class Client:
 
     def __init__(self, context: SuiteContext, client: httpx.AsyncClient) -> None:
         self.context = context
-        self.config: DriftConfig = context.config
+        self.config: Settings = context.config
         self.client = client
         self.base = context.server_url.rstrip("/")
 

@@ -15,25 +15,15 @@ import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
-from typing import Any
 
 import httpx
 from pydantic import model_validator
 
-from evals import retry, stats
+from evals import pool, retry, stats
 from evals.kinds import wer as kind
-from evals.suites.base import (
-    MetricSpec,
-    MetricValue,
-    Sample,
-    SuiteAborted,
-    SuiteConfig,
-    SuiteContext,
-    SuiteDefinition,
-    SuiteOutcome,
-)
+from evals.records import MetricValue, Sample
+from evals.suites.base import MetricSpec, SuiteAborted, SuiteConfig, SuiteContext, SuiteDefinition, SuiteOutcome
 
 BACKOFF_S = 0.5
 BACKOFF_CAP_S = 8.0
@@ -86,7 +76,7 @@ def load_utterances(config: WerConfig) -> tuple[list[Utterance], int]:
     for utterance in items:
         if config.limit is not None and len(utterances) >= config.limit:
             break
-        if normalize(utterance.reference):
+        if kind.normalize(utterance.reference):
             utterances.append(utterance)
         else:
             unscorable += 1
@@ -137,24 +127,11 @@ def _hub_items(config: WerConfig) -> Iterator[Utterance]:
         yield Utterance(key, name, data, row[config.text_column])
 
 
-@cache
-def _normalizer() -> Any:
-    from whisper_normalizer.english import EnglishTextNormalizer
-
-    return EnglishTextNormalizer()
-
-
-def normalize(text: str) -> str:
-    """Whisper's English normalisation: case, punctuation, numbers, contractions, spelling."""
-    result: str = _normalizer()(text)
-    return result
-
-
 def score(utterance: Utterance, hypothesis: str, error: str | None = None) -> Sample:
     """One utterance's sample with its word-level edit counts against the normalised reference."""
     import jiwer
 
-    ref_norm, hyp_norm = normalize(utterance.reference), normalize(hypothesis)
+    ref_norm, hyp_norm = kind.normalize(utterance.reference), kind.normalize(hypothesis)
     counts = jiwer.process_words(ref_norm, hyp_norm)
     found = kind.WordCounts(
         substitutions=counts.substitutions,
@@ -172,35 +149,6 @@ def score(utterance: Utterance, hypothesis: str, error: str | None = None) -> Sa
         error=error,
         data={kind.NAME: found.model_dump()},
     )
-
-
-def word_marks(reference: str, hypothesis: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """The normalised words of both sides, each with what jiwer's alignment made of it.
-
-    Marks are jiwer's chunk types: equal, substitute, delete (reference only), insert
-    (hypothesis only); so the samples page shows the very edits the S/D/I counts add up.
-    """
-    import jiwer
-
-    ref_norm, hyp_norm = normalize(reference), normalize(hypothesis)
-    if not ref_norm:
-        return [], []
-    aligned = jiwer.process_words(ref_norm, hyp_norm)
-    ref_words, hyp_words = aligned.references[0], aligned.hypotheses[0]
-    ref: list[tuple[str, str]] = []
-    hyp: list[tuple[str, str]] = []
-    for chunk in aligned.alignments[0]:
-        ref += [(word, chunk.type) for word in ref_words[chunk.ref_start_idx : chunk.ref_end_idx]]
-        hyp += [(word, chunk.type) for word in hyp_words[chunk.hyp_start_idx : chunk.hyp_end_idx]]
-    return ref, hyp
-
-
-def corpus_wer(samples: list[Sample]) -> float:
-    """jiwer's corpus WER over the normalised pairs (edits summed over words summed)."""
-    import jiwer
-
-    references = [normalize(s.target) for s in samples]
-    return float(jiwer.wer(references, [s.extracted["normalized"] for s in samples]))
 
 
 class _Transcriber:
@@ -248,26 +196,18 @@ def _transcript(response: httpx.Response) -> tuple[str, str | None]:
 
 async def _transcribe_all(context: SuiteContext, todo: list[Utterance], finished: list[Sample], total: int) -> None:
     config: WerConfig = context.config
-    pending = iter(todo)  # shared by the workers; the event loop never runs two `next` at once
     limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
     async with httpx.AsyncClient(timeout=config.request_timeout_s, limits=limits) as client:
         transcriber = _Transcriber(context, client)
 
-        async def worker() -> None:
-            for utterance in pending:
-                hypothesis, error = await transcriber.transcribe(utterance)
-                sample = score(utterance, hypothesis, error)
-                context.emit_samples([sample])
-                finished.append(sample)
-                context.progress(len(finished), total)
+        async def one(utterance: Utterance) -> None:
+            hypothesis, error = await transcriber.transcribe(utterance)
+            sample = score(utterance, hypothesis, error)
+            context.emit_samples([sample])
+            finished.append(sample)
+            context.progress(len(finished), total)
 
-        workers = [asyncio.create_task(worker()) for _ in range(min(config.concurrency, len(todo)))]
-        try:
-            await asyncio.gather(*workers)
-        finally:
-            for task in workers:
-                task.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+        await pool.each(todo, config.concurrency, one)
 
 
 def run(context: SuiteContext) -> SuiteOutcome:
@@ -295,7 +235,7 @@ def run(context: SuiteContext) -> SuiteOutcome:
     low, high = stats.bootstrap_wer_interval(errors, words)
     metric = MetricValue(
         name="wer",
-        value=corpus_wer(samples),
+        value=stats.corpus_wer(errors, words),
         n=len(samples),
         stderr=stats.wer_stderr(errors, words),
         ci_low=low,

@@ -36,8 +36,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from evals.records import Sample
 from evals.suites import drift
-from evals.suites.base import Sample, SuiteContext
+from evals.suites.base import SuiteContext
 from evals.verdict import MetricJudgement
 from service.engine import Engine
 from service.profiles import Profile, load_profile

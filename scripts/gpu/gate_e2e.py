@@ -5,15 +5,23 @@ launcher, suites, scoring and store); the table printed at the end is read back 
 service's API, and each row is checked against what the gate must show. Run it through
 `scripts/gpu/gate_e2e.sh`, which sets up vLLM and kvcanary's dependencies first.
 
-    python scripts/gpu/gate_e2e.py --out OUT \\
-        [--rows gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,recall,mutants]
+    python scripts/gpu/gate_e2e.py --out OUT \
+        [--rows gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,recall,mutants,generated,share]
 
 The `recall` group runs the recall sweep (docs/recall.md) on both retrieval fixtures for fixed, stock and
 every mutant that reaches each, and prints every arm's per-position table after the gate's table.
 
 The `mutants` group runs `kvcanary mutants --url` for each GPU fixture (its profile with the drift
 and GSM8k suites): fixed and every mutant of kernels.mutants as the arms of one run, and prints the matrix as
-docs/mutants.md quotes it (also written to OUT/mutants-<fixture>.md).
+docs/mutants.md quotes it (also written to OUT/mutants-<fixture>.md). The `generated` group does the same
+for the generated mutants each fixture reaches, one half after the other (`--halves`, default
+held-out,tuning), and prints the kill rate per suite and fixture with every survivor (kill_rate.py; also
+written to OUT/kill-rate-<half>.md).
+
+The `share` group runs each GPU matrix twice, a fresh engine per arm and then on shared engines,
+and prints the times side by side, the A/A across a switch and the prefix-cache probe
+(`gate_share.py`; also written to OUT/share.md). The A/A rows (`aa`, `ab5`) ask for fresh engines:
+their floor is the engine-to-engine difference.
 """
 
 from __future__ import annotations
@@ -31,8 +39,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import kill_rate
+from gate_share import shared_vs_fresh
 
-from service.numbers import format_number
+from evals.numbers import format_number
 
 Check = Callable[[dict[str, Any]], list[str]]
 
@@ -79,19 +89,33 @@ def _status(run: dict[str, Any], status: str) -> list[str]:
     return [] if run["status"] == status else [f"run is {run['status']}, not {status}: {run['error'] or ''}"]
 
 
-def _broken(run: dict[str, Any], arm: str, also: frozenset[str] | set[str] = frozenset()) -> list[str]:
-    """An arm that reads wrong KV either fails its metrics (or reads one of ``also``) or kills its
-    engine with a CUDA error."""
+def _broken(run: dict[str, Any], arm: str) -> list[str]:
+    """An arm that reads wrong KV either fails its metrics or kills its engine with a CUDA error."""
     if f"arm {arm!r} died" in (run["error"] or "") or (run["status"] == "error" and len(run["variants"]) < 2):
         return [] if "CUDA error" in (run["error"] or "") else [f"no CUDA error named: {run['error'][:200]}"]
-    return _arm_verdicts(run, arm, {"fail", *also})
+    return _arm_verdicts(run, arm, {"fail"})
 
 
 def _fresh_engines(count: int) -> tuple[str, ...]:
     """`count` arms of the fixed kernels on fresh engines: A/A repeats. Arms must differ, so each sets
     a prefill budget past anything a run schedules (65,536 + i tokens per step: no prompt or batch of
-    these fixtures is ever chunked), which leaves the engines' math and scheduling the same."""
-    return tuple(arg for i in range(count) for arg in ("--compare", f"fixed,max_num_batched_tokens={65536 + i}"))
+    these fixtures is ever chunked), which leaves the engines' math and scheduling the same; the run
+    asks for a fresh engine per arm all the same (`--fresh-engines`)."""
+    arms = (arg for i in range(count) for arg in ("--compare", f"fixed,max_num_batched_tokens={65536 + i}"))
+    return ("--fresh-engines", *arms)
+
+
+def _switched(run: dict[str, Any], arms: list[str], workers: int) -> list[str]:
+    """The arms ran on one engine, and every later arm's model processes wrote receipts of its switch."""
+    if run.get("engine_groups") != [arms]:
+        return [f"engines {run.get('engine_groups')}, not one for {arms}"]
+    problems = []
+    for generation, arm in enumerate(arms[1:], 1):
+        receipts = [r for r in run["engine"].get(arm, {}).get("receipts", []) if r.get("runs_model")]
+        done = [r for r in receipts if (r.get("switch") or {}).get("generation") == generation]
+        if len(done) < workers:
+            problems.append(f"{arm}: {len(done)} of {workers} model processes switched to generation {generation}")
+    return problems
 
 
 def _no_fail(run: dict[str, Any], first: int = 0) -> list[str]:
@@ -117,6 +141,10 @@ def rows() -> list[Row]:
             lambda r: _status(r, "failed") + _arm_verdicts(r, "legacy", {"fail"}) + _on_path(r, "legacy")),
         Row("gsm8k-tp2", "tp2", "gsm8k-tiny-tp2-gpu", (), "passes; receipts from both workers on the path",
             lambda r: _status(r, "passed") + _arm_verdicts(r, "fixed", {"pass"}) + _on_path(r, "fixed", workers=2)),
+        Row("tp2-share", "tp2", "gsm8k-tiny-tp2-gpu", ab,
+            "stock then fixed on one engine: both workers switched (receipts of switch 1), both arms pass",
+            lambda r: _status(r, "passed") + _arm_verdicts(r, "fixed", {"pass", "inconclusive"})
+            + _on_path(r, "stock") + _on_path(r, "fixed", workers=2) + _switched(r, ["stock", "fixed"], workers=2)),
         Row("mla-ab", "mla", "gsm8k-tiny-mla-gpu", (*ab, *high), "stock fails (wrong pages) or dies; fixed passes",
             lambda r: _broken(r, "stock") + _arm_verdicts(r, "fixed", {"pass"}) + _on_path(r, "fixed")),
         Row("mla-legacy", "legacy", "gsm8k-tiny-mla-gpu", ("--variant", "legacy", *high), "as stock",
@@ -153,18 +181,19 @@ def rows() -> list[Row]:
         Row("inv-mutants", "invariance", "invariance-tiny-gpu",
             ("--compare", "fixed,chunk_context_skip,batch_row_shift,softmax_scale_drift"),
             "the mutants this fixture reaches under every condition: chunk_context_skip fails; batch_row_shift moves "
-            "its own floors (inconclusive) or fails; softmax_scale_drift moves only the arm condition (warn)",
+            "its own floors but fails against the control arm's batch and family conditions; softmax_scale_drift "
+            "fails the arm condition's decode at the suite's 1e-3 (a kernel-only arm)",
             lambda r: _arm_verdicts(r, "fixed", {"pass", "warn", "inconclusive"})
             + _arm_verdicts(r, "chunk_context_skip", {"fail"})
-            + _arm_verdicts(r, "batch_row_shift", {"fail", "inconclusive"})
-            + _arm_verdicts(r, "softmax_scale_drift", {"pass", "warn"})
+            + _arm_verdicts(r, "batch_row_shift", {"fail"})
+            + _arm_verdicts(r, "softmax_scale_drift", {"fail"})
             + _every_on_path(r)),
         Row("inv-mla-mutants", "invariance", "invariance-tiny-mla-gpu",
             ("--compare", "fixed,batch_row_shift,softmax_scale_drift"),
-            "batch_row_shift moves its own floors (inconclusive), fails or dies (wrong pages); "
-            "softmax_scale_drift fails decode vs prefill",
+            "batch_row_shift fails against the control arm's batch and family conditions (its own floors move) or "
+            "dies (wrong pages); softmax_scale_drift fails decode vs prefill",
             lambda r: _arm_verdicts(r, "fixed", {"pass", "warn", "inconclusive"})
-            + _broken(r, "batch_row_shift", also={"inconclusive"})
+            + _broken(r, "batch_row_shift")
             + _arm_verdicts(r, "softmax_scale_drift", {"fail"})
             + _on_path(r, "fixed") + _on_path(r, "softmax_scale_drift")),
         Row("inv-mla-legacy", "invariance", "invariance-tiny-mla-gpu", ("--compare", "fixed,legacy", *high),
@@ -329,7 +358,8 @@ def _arms(run: dict[str, Any]) -> str:
 
 
 def conditions(run: dict[str, Any]) -> list[str]:
-    """One line per judged invariance arm and condition: verdict, prompts, KL against its floor, time."""
+    """One line per judged invariance arm and condition: verdict, prompts, KL against its floor, what
+    decided (its floor, or a check against the control arm), time."""
     lines = []
     for m in run["metrics"]:
         details = m.get("details") or {}
@@ -346,10 +376,11 @@ def conditions(run: dict[str, Any]) -> list[str]:
                 f"{format_number(details.get(f'{name}.dlogprob_excess'))} "
                 f"[{format_number(details.get(f'{name}.dlogprob_ci_low'))}, "
                 f"{format_number(details.get(f'{name}.dlogprob_ci_high'))}] | "
-                f"{details.get(f'{name}.first_divergence')} | {details.get(f'{name}.seconds', '-')} |"
+                f"{details.get(f'{name}.first_divergence')} | {details.get(f'{name}.decided_by', '-')} | "
+                f"{details.get(f'{name}.seconds', '-')} |"
             )
         if details.get("skipped"):
-            lines.append(f"| {run['id']} | {m['arm']} | skipped | {details['skipped']} | | | | | | |")
+            lines.append(f"| {run['id']} | {m['arm']} | skipped | {details['skipped']} | | | | | | | |")
     return lines
 
 
@@ -374,10 +405,11 @@ def main() -> int:
     parser.add_argument(
         "--rows",
         default="gsm8k,whisper,mla,legacy",
-        help="groups (gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,recall,mutants) or row keys, in this order",
+        help="groups (gsm8k,whisper,mla,legacy,tp2,drift,invariance,aa,ab5,recall,mutants,generated,share) or rows",
     )
     parser.add_argument("--port", type=int, default=8077)
     parser.add_argument("--mutants", default="", help="with the mutants group: only these mutants (comma list)")
+    parser.add_argument("--halves", default="held-out,tuning", help="with the generated group: these halves, in order")
     parser.add_argument(
         "--mutant-fixtures",
         default="",
@@ -390,6 +422,8 @@ def main() -> int:
     every = [*rows(), *recall_rows()]
     selected = list({row.key: row for item in asked for row in every if item in (row.group, row.key)}.values())
     matrices: list[tuple[str, int, float, str]] = []
+    killed: list[str] = []
+    shared, share_problems = "", list[str]()
     args.out.mkdir(parents=True, exist_ok=True)
     data_dir = args.out / "data"
     url = f"http://127.0.0.1:{args.port}"
@@ -400,9 +434,12 @@ def main() -> int:
         "KVCANARY_ENGINE_PYTHON": os.environ.get("KVCANARY_ENGINE_PYTHON", sys.executable),
         "PYTHONUNBUFFERED": "1",
     }
-    made = subprocess.run(_cli("tokens", "create", "--role", "ci", "--name", f"gpu-gate-{int(time.time())}"), env=env,
-                          capture_output=True, text=True, check=True)  # fmt: skip
-    token = made.stdout.strip().splitlines()[-1]
+    tokens = {}
+    for role in ("ci", "admin"):  # ci submits the runs; a mutation batch is started by an admin
+        made = subprocess.run(_cli("tokens", "create", "--role", role, "--name", f"gpu-gate-{role}-{int(time.time())}"),
+                              env=env, capture_output=True, text=True, check=True)  # fmt: skip
+        tokens[role] = made.stdout.strip().splitlines()[-1]
+    token = tokens["ci"]
     if any(row.group == "recall" for row in selected):
         ensure_recall_fixtures(env, args.out)
     service = _serve(env, url, args.out / "serve.log")
@@ -423,10 +460,22 @@ def main() -> int:
             problems = row.check(run)
             results.append((row, run, time.monotonic() - began, problems))
             (args.out / f"run-{row.key}.json").write_text(json.dumps(run, indent=1, default=str))
+        if "generated" in groups:
+            admin = {"Authorization": f"Bearer {tokens['admin']}"}  # a batch is started by an admin
+            with httpx.Client(base_url=url, headers=admin, timeout=60) as client:
+                for half in args.halves.split(","):
+                    gpu_profiles = {p for _, profiles in MUTANT_FIXTURES for p in profiles}
+                    gpu_fixtures = [f for f in kill_rate.FIXTURES if f.profile in gpu_profiles]
+                    reports = [kill_rate.measure(client, f, half, None, 12 * 3600, 5.0) for f in gpu_fixtures]
+                    killed.append("\n\n".join(reports))
+                    (args.out / f"kill-rate-{half}.md").write_text(killed[-1] + "\n")
         if "mutants" in groups:
             only = [name for name in args.mutants.split(",") if name]
             fixtures = [name for name in args.mutant_fixtures.split(",") if name]
-            matrices = mutation_matrices({**env, "KVCANARY_TOKEN": token}, url, args.out, only, fixtures)
+            matrices = mutation_matrices({**env, "KVCANARY_TOKEN": tokens["admin"]}, url, args.out, only, fixtures)
+        if "share" in groups:
+            shared, share_problems = shared_vs_fresh(url, token, data_dir / "kvcanary.db")
+            (args.out / "share.md").write_text(shared + "\n")
     finally:
         service.terminate()
         service.wait(60)
@@ -435,14 +484,19 @@ def main() -> int:
     if per_condition:
         head = (
             "| run | arm | condition | verdict | prompts | mean KL [95% CI] | floor "
-            "| decode \\|Δ logprob\\| over the floor [90% CI] | first divergence | seconds |"
+            "| decode \\|Δ logprob\\| over the floor [90% CI] | first divergence | decided by | seconds |"
         )
-        printed += f"\n\n{head}\n|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(per_condition)
+        printed += f"\n\n{head}\n|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(per_condition)
     recall = recall_tables(url, token, results) if any(row.group == "recall" for row, *_ in results) else ""
     if recall:
         printed += f"\n\n{recall}"
+    for report in killed:
+        printed += f"\n\n{report}"
     for fixture, code, seconds, matrix in matrices:
         printed += f"\n\n### mutants, {fixture} (kvcanary mutants exit {code}, {seconds / 60:.1f} min)\n\n{matrix}"
+    if shared:
+        printed += "\n\n### share: fresh vs shared engines\n\n" + shared
+        printed += "".join(f"\n- PROBLEM: {problem}" for problem in share_problems)
     print(printed)
     (args.out / "table.md").write_text(printed + "\n")
     database = data_dir / "kvcanary.db"
@@ -450,7 +504,8 @@ def main() -> int:
         with sqlite3.connect(database) as source, sqlite3.connect(args.out / "kvcanary.db") as copy:
             source.backup(copy)
     matrices_ok = all(code == 0 for _, code, _, _ in matrices)
-    return 0 if all(not problems for *_, problems in results) and matrices_ok else 1
+    rows_ok = all(not problems for *_, problems in results)
+    return 0 if rows_ok and matrices_ok and not share_problems else 1
 
 
 if __name__ == "__main__":

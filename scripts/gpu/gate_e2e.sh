@@ -71,7 +71,8 @@ run() {
   setup "$1" "$out"
   out=$(cd "$out" && pwd)
   cd "$out"  # nothing of the checkout may shadow the installed kvcanary
-  python3 "$here/gate_e2e.py" --out "$out" --rows "$rows" --mutants "${GATE_MUTANTS:-}" --mutant-fixtures "${GATE_MUTANT_FIXTURES:-}"
+  python3 "$here/gate_e2e.py" --out "$out" --rows "$rows" --mutants "${GATE_MUTANTS:-}" --mutant-fixtures "${GATE_MUTANT_FIXTURES:-}" \
+    --halves "${GATE_HALVES:-held-out,tuning}"
 }
 
 calibrate() {

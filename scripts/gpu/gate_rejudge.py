@@ -6,26 +6,41 @@ be checked against runs already made without a GPU: this copies the run database
 scores every finished run again through the service's own scoring, and prints the gate table
 with each row's check. The original database is not touched.
 
-    python scripts/gpu/gate_rejudge.py OUT/kvcanary.db [--save rejudged.db]
+Samples stored before the verdicts held an arm against its control lack what those rules read;
+the copy gets it first (`backfill`): each later arm's `engine_change` from the run's arms, an
+invariance sample's control rows per condition, and a drift candidate's rows compared again from
+its stored outputs (their per-position tails). `--kernel-only` judges every later arm as if it
+changed its kernels alone: on A/A runs (fresh engines of one variant, made distinct by an
+unreached prefill budget) it shows what the kernel-only rules would say of identical kernels,
+the false-alarm check.
+
+    python scripts/gpu/gate_rejudge.py OUT/kvcanary.db [--save rejudged.db] [--kernel-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import sqlite3
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import delete, select
 
-from evals.suites.base import MetricValue, SuiteOutcome
+from evals import invariance
+from evals.records import MetricValue
+from evals.suites.base import SuiteOutcome
+from evals.suites.drift import recompare
 from service import baselines
+from service.arms import engine_change, run_arms
 from service.db.migrate import upgrade
 from service.db.models import Baseline, BaselineChange, Run, SuiteResult
+from service.db.models import Sample as SampleRow
 from service.db.session import session_scope
-from service.profiles import load_profiles
-from service.runs import queries, scoring
+from service.profiles import Profile, load_profiles
+from service.runs import queries, scoring, store
 from service.settings import PACKAGED_PROFILES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -47,10 +62,36 @@ def _outcomes(session: object, run: Run) -> dict[tuple[str, str], SuiteOutcome]:
     }
 
 
+def backfill(session: Any, run: Run, profile: Profile, kernel_only: bool) -> int:
+    """Give a run's later arms what the control rules read where their samples lack it; returns how
+    many samples changed."""
+    specs = run_arms(run.arms or [], profile)
+    if len(specs) < 2:
+        return 0
+    control, changed = specs[0], 0
+    for spec in specs[1:]:
+        change = {} if kernel_only else engine_change(profile, spec, control)
+        for suite in ("drift", "invariance"):
+            theirs = store.load_samples(session, run.id, control.name, suite)
+            rows = session.scalars(select(SampleRow).where(
+                SampleRow.run_id == run.id, SampleRow.arm == spec.name, SampleRow.suite == suite))  # fmt: skip
+            for row in rows:
+                data = copy.deepcopy(row.data)
+                if suite == "invariance" and row.key in theirs:
+                    invariance.attach_control(data["conditions"], theirs[row.key].data.get("conditions") or {})
+                if suite == "drift" and data.get("reference") and row.key in theirs:
+                    data = dict(recompare(store.to_suite_sample(row), theirs[row.key]).data)
+                data["engine_change"] = change if kernel_only else data.get("engine_change", change)
+                if data != row.data:
+                    row.data, changed = data, changed + 1
+    return changed
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("database", type=Path)
     parser.add_argument("--save", type=Path, help="keep the re-judged copy here")
+    parser.add_argument("--kernel-only", action="store_true", help="judge every later arm as a kernel-only change")
     args = parser.parse_args()
     profiles = load_profiles(PACKAGED_PROFILES)
     with tempfile.TemporaryDirectory() as tmp:
@@ -64,6 +105,8 @@ def main() -> int:
             session.execute(delete(Baseline))
             baselines.seed_from_profiles(session, profiles)
             runs = list(session.scalars(select(Run).order_by(Run.id)))
+            filled = sum(backfill(session, run, profiles[run.profile], args.kernel_only) for run in runs)
+            print(f"backfilled {filled} samples for the control rules")
             jobs = [(run.id, run.profile, [a["name"] for a in run.arms], _outcomes(session, run)) for run in runs]
         for run_id, profile, variants, outcomes in jobs:
             arms = variants or sorted({arm for arm, _ in outcomes})

@@ -20,9 +20,9 @@ from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from evals import suites as suite_registry
 from service.arms import describe_outcome
 from service.db.models import Run, SuiteResult
-from service.numbers import format_number
 from service.runs.state import Status
 
 Kind = Literal["run_failed", "run_error", "run_warned", "verdict_changed", "run_unexpected"]
@@ -35,6 +35,7 @@ class MetricVerdict(BaseModel):
     suite: str
     metric: str
     value: float
+    shown: str = Field(description="The value as its metric's kind writes it, e.g. `not finite`")
     verdict: str
     previous_verdict: str | None
     changed: bool
@@ -92,7 +93,7 @@ def previous_judged_run(session: Session, run: Run) -> Run | None:
 def _line(m: MetricVerdict, previous_run_id: int | None, quote: Callable[[str], str]) -> str:
     was = f" (was {quote(m.previous_verdict or '')} in run {previous_run_id})" if m.changed else ""
     name = quote(f"{m.suite}.{m.metric}")
-    return f"• {name} = {format_number(m.value)}: {quote(m.verdict)}{was}. {quote(m.explanation)}".rstrip()
+    return f"• {name} = {m.shown}: {quote(m.verdict)}{was}. {quote(m.explanation)}".rstrip()
 
 
 def _text(
@@ -130,6 +131,7 @@ def compose(session: Session, run: Run, run_url: str) -> AlertMessage | None:
                 suite=row.suite,
                 metric=row.metric,
                 value=row.value,
+                shown=suite_registry.shown(row.suite, row.metric, row.value, row.details),
                 verdict=row.verdict or "",
                 previous_verdict=was,
                 changed=was is not None and was != row.verdict,

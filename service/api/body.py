@@ -17,10 +17,8 @@ from urllib.parse import unquote_to_bytes
 
 from starlette.types import Scope
 
-from service.schemas import INT64_MAX
-from service.text import text_problem
+from service.text import int64, text_problem
 
-INT64_MIN = -INT64_MAX - 1
 MAX_DEPTH = 32  # the deepest request the API takes is 4 levels; Python's parser gives up near 1,000
 JSON_TYPES = "application/json (or application/<name>+json), UTF-8"
 FORM_TYPE = "application/x-www-form-urlencoded"
@@ -51,9 +49,10 @@ def _float(text: str) -> float:
 
 
 def _int(text: str) -> int:
-    if len(text.lstrip("-")) > 19 or not INT64_MIN <= int(text) <= INT64_MAX:
-        raise Refusal(422, f"{text[:40]} is out of range for a 64-bit integer")
-    return int(text)
+    try:
+        return int64(text)
+    except ValueError as exc:
+        raise Refusal(422, str(exc)) from None
 
 
 _STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)

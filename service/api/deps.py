@@ -127,7 +127,9 @@ def caller_for(token: str | None, settings: Settings, role: Role) -> Caller:
     row = authenticate(settings.resolved_database_url(), token)
     if row is None:
         raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED, "unknown, revoked or expired token", headers={"WWW-Authenticate": "Bearer"}
+            status.HTTP_401_UNAUTHORIZED,
+            "unknown, revoked or expired token, or one whose role this service does not know",
+            headers={"WWW-Authenticate": "Bearer"},
         )
     return _admitted(row, settings, role)
 

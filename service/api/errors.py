@@ -35,7 +35,8 @@ _DESCRIPTIONS = {
     413: "The request body is over the size limit",
     415: "The body is not UTF-8 JSON under exactly one JSON Content-Type",
     422: "The request is malformed or names something that cannot be used",
-    429: "Too many requests in flight; retry after the seconds in Retry-After",
+    429: "A limit was reached (named in the message: a queue quota, or requests or connections at once); "
+    "retry after the seconds in Retry-After",
     503: "The service is saturated; retry after the seconds in Retry-After",
 }
 

@@ -9,6 +9,7 @@ way a 500 that the caller cannot act on. What a body must be is in `service.api.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -27,15 +28,17 @@ class _Refused(Exception):
 
 
 class RequestGate:
-    """Reads the whole body (413 over `limit`, declared or chunked) and refuses with 422 a path or
-    query that is not UTF-8 or holds a NUL. The body is checked when a route reads it, and only
-    then (`service.api.body.check_body`): a route that takes no body never parses one, however
-    deep it nests. A refused body is answered here (415 or 422), and the route reading it stops.
+    """Reads the whole body (413 over `limit`, declared or chunked; 408 when it has not all come
+    within `deadline_s`) and refuses with 422 a path or query that is not UTF-8 or holds a NUL.
+    The body is checked when a route reads it, and only then (`service.api.body.check_body`):
+    a route that takes no body never parses one, however deep it nests. A refused body is
+    answered here (415 or 422), and the route reading it stops.
     """
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, deadline_s: float) -> None:
         self.app = app
         self.limit = limit
+        self.deadline_s = deadline_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -54,17 +57,22 @@ class RequestGate:
         chunks: list[bytes] = []
         size = 0
         more = True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.limit:
-                await too_large(scope, receive, send)
-                return
-            chunks.append(chunk)
-            more = message.get("more_body", False)
+        with anyio.move_on_after(self.deadline_s) as clock:
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > self.limit:
+                    await too_large(scope, receive, send)
+                    return
+                chunks.append(chunk)
+                more = message.get("more_body", False)
+        if clock.cancelled_caught:
+            late = f"the body did not arrive within {self.deadline_s:g} s (KVCANARY_BODY_TIMEOUT_S): {size} bytes came"
+            await _refusal(408, late, {"Connection": "close"})(scope, receive, send)
+            return
         body = b"".join(chunks)
         replayed = started = answered = False
 
@@ -97,33 +105,46 @@ class RequestGate:
             return
 
 
-class Admission:
-    """At most `limit` API requests in flight; past that, 503 with Retry-After at once instead
-    of a queue that grows until callers time out. Health and metrics are never refused."""
+@dataclass
+class Load:
+    """API requests in flight against their limit: `Admission` keeps it, `/readyz` reports it."""
 
-    def __init__(self, app: ASGIApp, limit: int, retry_after_s: int = 2) -> None:
+    limit: int
+    in_flight: int = 0
+
+    @property
+    def full(self) -> bool:
+        return self.in_flight >= self.limit
+
+
+class Admission:
+    """At most `load.limit` API requests in flight; past that, 503 with Retry-After at once instead
+    of a queue that grows until callers time out. Health and metrics are never refused. Placed
+    inside the request gate: a request counts only once its whole body is in, so connections
+    that never finish sending hold no place."""
+
+    def __init__(self, app: ASGIApp, load: Load, retry_after_s: int = 2) -> None:
         self.app = app
-        self.limit = limit
+        self.load = load
         self.retry_after_s = retry_after_s
-        self.in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope.get("path", "").startswith("/api/"):
             await self.app(scope, receive, send)
             return
-        if self.in_flight >= self.limit:
+        if self.load.full:
             busy = _refusal(
                 503,
-                f"{self.in_flight} requests in flight; retry after {self.retry_after_s} s",
+                f"{self.load.in_flight} requests in flight; retry after {self.retry_after_s} s",
                 {"Retry-After": str(self.retry_after_s)},
             )
             await busy(scope, receive, send)
             return
-        self.in_flight += 1
+        self.load.in_flight += 1
         try:
             await self.app(scope, receive, send)
         finally:
-            self.in_flight -= 1
+            self.load.in_flight -= 1
 
 
 class InTurn:

@@ -1,4 +1,4 @@
-"""Liveness and Prometheus metrics."""
+"""Liveness, readiness and Prometheus metrics."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from prometheus_client.core import HistogramMetricFamily
 from sqlalchemy import case, func, select, text
@@ -16,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from service.api.deps import SessionDep, SettingsDep, require
 from service.api.errors import documented
+from service.api.gate import Load
 from service.db.models import Run
 from service.db.session import session_scope
 from service.roles import Role
@@ -58,8 +60,21 @@ _database = DatabaseProbe()
 
 @router.get("/healthz")
 async def healthz(settings: SettingsDep) -> dict[str, str]:
+    """Liveness: the process answers and its database did within the last second."""
     await _database.check(settings.resolved_database_url())
     return {"status": "ok"}
+
+
+@router.get("/readyz", responses={503: {"description": "The API refuses new work now; send traffic elsewhere"}})
+async def readyz(request: Request, settings: SettingsDep) -> JSONResponse:
+    """Readiness for a load balancer: 503 while API requests are being refused (as many in
+    flight as `KVCANARY_MAX_IN_FLIGHT` allows), 200 otherwise; both say how full it is."""
+    await _database.check(settings.resolved_database_url())
+    load: Load = request.app.state.load
+    body = {"status": "busy" if load.full else "ready", "in_flight": load.in_flight, "limit": load.limit}
+    return JSONResponse(
+        body, status_code=503 if load.full else 200, headers={"Retry-After": "2"} if load.full else None
+    )
 
 
 class _Durations:

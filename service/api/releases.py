@@ -25,7 +25,9 @@ def list_releases(
     key: Annotated[str | None, Query(pattern=LABEL_KEY, description="Default: KVCANARY_RELEASE_LABEL")] = None,
 ) -> ReleaseIndex:
     """The newest releases of a label key, each ready, blocked or incomplete from its runs' statuses."""
-    return release_index(session, key or settings.release_label, settings.release_required_profiles)
+    return release_index(
+        session, key or settings.release_label, settings.release_required_profiles, settings.release_gate_roles
+    )
 
 
 @router.get("/{release:path}", response_model=ReleaseSummary, responses=documented(404))
@@ -43,7 +45,8 @@ def get_release(
     try:
         key, value = parse_release(release)
         return release_summary(
-            session, key, value, required=settings.release_required_profiles, profiles=profiles,
+            session, key, value, required=settings.release_required_profiles,
+            gate_roles=settings.release_gate_roles, profiles=profiles,
             previous=previous, base_url=str(request.base_url).rstrip("/"),
         )  # fmt: skip
     except ReleaseNotFound as exc:

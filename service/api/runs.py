@@ -24,8 +24,9 @@ from service.api.deps import (
 from service.api.errors import Problem, documented, not_found, unprocessable
 from service.db.models import ARM_NAME_MAX, Run
 from service.roles import Role
-from service.runs import queries, queue, removal
+from service.runs import queries, queue, quotas, removal
 from service.runs.admission import RunRefused, admit, engines_start_here
+from service.runs.gate_grade import exploratory_reasons, stamp
 from service.schemas import (
     LABEL_KEY,
     MAX_LABEL_FILTERS,
@@ -60,7 +61,7 @@ def differences(run: Run, wanted: dict[str, Any]) -> list[str]:
     response_model=RunDetail,
     responses={
         200: {"description": "A run with this Idempotency-Key and the same request exists; it is returned"},
-        **documented(404, 409),
+        **documented(404, 409, 429),
     },
 )
 def create_run(
@@ -76,7 +77,10 @@ def create_run(
         Header(max_length=128, pattern=r"^[\x21-\x7e]+$", description="Per caller: a retry returns the same run"),
     ] = None,
 ) -> RunDetail:
-    """Queue a run of a profile; returns at once. Poll `GET /api/v1/runs/{id}` for progress."""
+    """Queue a run of a profile; returns at once. Poll `GET /api/v1/runs/{id}` for progress.
+
+    429 with Retry-After when the caller's queued runs or engine loads, or all queued runs,
+    are at their limit (`GET /api/v1/quotas`)."""
     profile = profiles.get(body.profile)
     if profile is None:
         raise not_found(f"unknown profile {body.profile!r}; known profiles: {', '.join(sorted(profiles))}")
@@ -93,6 +97,14 @@ def create_run(
         "expect": admitted.plan.expect,
     }
     with writer() as session:
+        key = scoped_key(caller, idempotency_key) if idempotency_key else None
+        if key is None or not queue.key_used(session, key):  # a retry of a queued run costs nothing more
+            try:
+                quotas.enforce(session, settings, caller.token_id, caller.name, quotas.engine_loads(wanted["arms"]))
+            except quotas.QuotaExceeded as exc:
+                raise HTTPException(
+                    status.HTTP_429_TOO_MANY_REQUESTS, str(exc), headers={"Retry-After": str(exc.retry_after_s)}
+                ) from exc
         run, created = queue.enqueue(
             session,
             **wanted,
@@ -100,8 +112,10 @@ def create_run(
             triggered_by_token_id=caller.token_id,
             max_attempts=profile.max_attempts,
             profile_snapshot=admitted.snapshot(),
-            idempotency_key=scoped_key(caller, idempotency_key) if idempotency_key else None,
+            idempotency_key=key,
         )
+        if created:
+            stamp(run, caller.role, exploratory_reasons(profile, body.overrides, body.compare, body.expect))
         changed = [] if created else differences(run, wanted)
         if changed:
             raise HTTPException(

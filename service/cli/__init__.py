@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from service.cli import catalog, host, local_run, mutation, release, submit
+from service.cli import catalog, doctor, host, local_run, mutation, release, submit
 from service.runs.cli import app as runs_app
 from service.scheduling.cli import app as schedules_app
 
@@ -26,3 +26,4 @@ app.command()(local_run.run)
 app.command()(submit.submit)
 app.command("release-report")(release.release_report)
 app.command()(mutation.mutants)
+app.command()(doctor.doctor)

@@ -25,6 +25,10 @@ COMPARE_HELP = (
     "arm, key=value words override that arm's engine: 'stock,fixed', or "
     "'--compare fixed --compare fixed,max_num_batched_tokens=64'"
 )
+FRESH_ENGINES_HELP = (
+    "Start a fresh engine for every arm (A/A floors); by default arms whose engine arguments match "
+    "share one engine, switched between arms"
+)
 EXPECT_HELP = "ARM=pass or ARM=fail, repeatable: what each arm must do; the exit code then says whether it did"
 
 

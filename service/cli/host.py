@@ -44,11 +44,18 @@ def serve(
 
     from service.app import create_app
     from service.private_files import keep_private
+    from service.serving import protocol
     from service.settings import get_settings
 
     keep_private()  # run folders, logs and the database are the service user's alone
     settings = get_settings()
-    uvicorn.run(create_app(settings), host=host or settings.host, port=port or settings.port, log_level="info")
+    uvicorn.run(
+        create_app(settings),
+        host=host or settings.host,
+        port=port or settings.port,
+        log_level="info",
+        http=protocol(settings),  # header deadline and per-client connection cap (service.serving)
+    )
 
 
 @db_app.command("upgrade")

@@ -19,6 +19,7 @@ from service.cli.common import (
     COMPARE_HELP,
     EXIT_ERROR,
     EXPECT_HELP,
+    FRESH_ENGINES_HELP,
     checked_labels,
     compare_arms,
     console,
@@ -38,6 +39,7 @@ def run(
     junit: Annotated[Path | None, typer.Option(help="Write a JUnit XML report here")] = None,
     compare: Annotated[list[str] | None, typer.Option(help=COMPARE_HELP)] = None,
     expect: Annotated[list[str] | None, typer.Option(help=EXPECT_HELP)] = None,
+    fresh_engines: Annotated[bool, typer.Option(help=FRESH_ENGINES_HELP)] = False,
 ) -> None:
     """Run one profile here, without the service: engine, suites, verdict, a result table."""
     from service import baselines
@@ -47,6 +49,7 @@ def run(
     from service.profiles import ArmSpec, RunOverrides
     from service.runs import pipeline, queries, queue
     from service.runs.admission import admit
+    from service.runs.gate_grade import HOST, exploratory_reasons, stamp
     from service.runs.worker import new_worker_id
     from service.settings import get_settings
 
@@ -59,7 +62,9 @@ def run(
         console.print(f"[red]unknown profile {profile!r}; known profiles: {', '.join(sorted(profiles))}[/red]")
         raise typer.Exit(EXIT_ERROR)
     try:
-        overrides = RunOverrides.model_validate({"limit": limit, "kernel_variant": variant})
+        overrides = RunOverrides.model_validate(
+            {"limit": limit, "kernel_variant": variant, "arm_engines": "fresh" if fresh_engines else None}
+        )
         arms = [ArmSpec.model_validate(name) for name in compare_arms(compare)] if compare else None
         expected = expectations(expect) if expect else None
         admitted = admit(profiles[profile], overrides, arms, expected, on_this_host=True)
@@ -81,6 +86,7 @@ def run(
             max_attempts=1,
             profile_snapshot=admitted.snapshot(),
         )
+        stamp(queued, HOST, exploratory_reasons(profiles[profile], overrides, arms, expected))
         session.flush()
         run_id = queued.id
         queue.claim_next(session, worker_id, run_id)

@@ -24,24 +24,31 @@ def mutants(
     mutant: Annotated[
         list[str] | None, typer.Option(help="Only this mutant (repeatable); default: the whole catalogue")
     ] = None,
+    half: Annotated[
+        str | None,
+        typer.Option(help="A half of the generated mutants (kernels/generated_mutants.json): tuning or held-out"),
+    ] = None,
     url: Annotated[str | None, typer.Option(help="Queue on this kvcanary service instead of running here")] = None,
-    token: Annotated[str | None, typer.Option(envvar="KVCANARY_TOKEN", help="API token (ci role), with --url")] = None,
+    token: Annotated[
+        str | None, typer.Option(envvar="KVCANARY_TOKEN", help="API token (admin role), with --url")
+    ] = None,
     label: Annotated[list[str] | None, typer.Option(help="key=value, repeatable")] = None,
     show: Annotated[bool, typer.Option(help="Print the latest stored matrix; queue nothing")] = False,
     timeout: Annotated[float, typer.Option(min=0, help="With --url: seconds to wait for every run")] = 6 * 3600,
     poll: Annotated[float, typer.Option(min=0.1, help="With --url: seconds between status polls")] = 5.0,
 ) -> None:
     """The mutation matrix: fixed vs each kernel mutant (kernels.mutants) on the profiles' suites,
-    through the queue; prints mutant x suite (caught? at how many items? how long?). Exit 0 when
-    every run ended, 2 when one errored or the service failed."""
-    from kernels.mutants import MUTANTS
+    through the queue; prints mutant x suite (caught? at how many items? how long?). `--half tuning`
+    or `--half held-out` runs that half of the generated mutants. Exit 0 when every run ended, 2
+    when one errored or the service failed."""
+    from kernels.mutants import batch as batch_of
     from service.runs import mutation_batch
     from service.runs.mutation import MutationMatrix, markdown, new_batch_id
 
-    unknown = [m for m in mutant or [] if m not in MUTANTS]
-    if unknown:
-        raise typer.BadParameter(f"unknown mutant {', '.join(unknown)}; mutants: {', '.join(MUTANTS)}")
-    chosen = list(mutant or MUTANTS)
+    try:
+        chosen = batch_of(mutant, half)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
     batch, labels = new_batch_id(), checked_labels(label or [])
     if url is not None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -68,7 +75,7 @@ def _mutants_here(
     from service.db.session import session_scope
     from service.runs import mutation_batch
     from service.runs.admission import RunRefused, fitted
-    from service.runs.mutation import latest_matrix
+    from service.runs.batches import latest_matrix
     from service.settings import get_settings
 
     settings = get_settings()

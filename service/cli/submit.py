@@ -23,6 +23,7 @@ from service.cli.common import (
     EXIT_ERROR,
     EXIT_PASS,
     EXPECT_HELP,
+    FRESH_ENGINES_HELP,
     checked_labels,
     compare_arms,
     console,
@@ -112,6 +113,7 @@ def submit(
     ] = None,
     compare: Annotated[list[str] | None, typer.Option(help=COMPARE_HELP)] = None,
     expect: Annotated[list[str] | None, typer.Option(help=EXPECT_HELP)] = None,
+    fresh_engines: Annotated[bool, typer.Option(help=FRESH_ENGINES_HELP)] = False,
     wait: Annotated[bool, typer.Option(help="Wait for the verdict; the exit code then says pass/fail")] = False,
     junit: Annotated[Path | None, typer.Option(help="With --wait: write a JUnit XML report here")] = None,
     token: Annotated[str | None, typer.Option(envvar="KVCANARY_TOKEN", help="API token (ci role)")] = None,
@@ -135,7 +137,12 @@ def submit(
     # Its own key lets this call ask again after a lost answer without queueing twice.
     headers["Idempotency-Key"] = idempotency_key or f"kvcanary-submit-{uuid.uuid4()}"
     body: dict[str, object] = {"profile": profile, "labels": checked_labels(label or [])}
-    overrides = {"limit": limit, "kernel_variant": variant, "canaries": canary or None}
+    overrides = {
+        "limit": limit,
+        "kernel_variant": variant,
+        "canaries": canary or None,
+        "arm_engines": "fresh" if fresh_engines else None,
+    }
     if any(value is not None for value in overrides.values()):
         body["overrides"] = {key: value for key, value in overrides.items() if value is not None}
     if compare:

@@ -14,7 +14,7 @@ from service.dashboard.access import PageCaller
 from service.dashboard.render import page
 from service.dashboard.views import current_threshold, profile_overviews, trends
 from service.releases.trends import release_trends
-from service.runs.mutation import latest_matrix
+from service.runs.batches import latest_matrix
 from service.schemas import ProfileOut
 
 router = APIRouter(include_in_schema=False)
@@ -39,6 +39,7 @@ def profile_page(
 ) -> HTMLResponse:
     """One trend chart per metric: each run's value and CI, coloured by verdict, over the baseline band."""
     loaded = request.app.state.profiles.get(name)
+    settings = request.app.state.settings
     series = trends(session, name, last)
     rows = baselines.list_baselines(session, name)
     if loaded is None and not series and not rows:
@@ -52,7 +53,7 @@ def profile_page(
         name=name,
         profile=ProfileOut.of(loaded) if loaded else None,
         series=series,
-        by_release=release_trends(session, name, request.app.state.settings.release_label, RELEASES_SHOWN),
+        by_release=release_trends(session, name, settings.release_label, RELEASES_SHOWN, settings.release_gate_roles),
         baselines=[(b, current_threshold(b)) for b in rows],
         history=baselines.history(session, name)[:HISTORY_ROWS],
         mutants=latest_matrix(session, name, [entry.suite for entry in loaded.suites] if loaded else []),

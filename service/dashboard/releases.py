@@ -32,7 +32,7 @@ def releases_page(
     if not re.match(LABEL_KEY, key):
         problem = f"{key[:80]!r} is not a label key (it must match {LABEL_KEY})"
         return page(request, "releases.html", caller, status.HTTP_404_NOT_FOUND, index=None, key=key, problem=problem)
-    index = release_index(session, key, settings.release_required_profiles)
+    index = release_index(session, key, settings.release_required_profiles, settings.release_gate_roles)
     code = status.HTTP_200_OK if index.releases else status.HTTP_404_NOT_FOUND
     problem = "" if index.releases else f"No run carries a label {key!r}, so there is no release to show."
     return page(request, "releases.html", caller, code, index=index, key=key, problem=problem)
@@ -53,8 +53,8 @@ def release_page(
     try:
         key, value = parse_release(release)
         summary = release_summary(
-            session, key, value, required=settings.release_required_profiles, profiles=request.app.state.profiles,
-            previous=previous or None,
+            session, key, value, required=settings.release_required_profiles,
+            gate_roles=settings.release_gate_roles, profiles=request.app.state.profiles, previous=previous or None,
         )  # fmt: skip
     except ReleaseNotFound as exc:
         recent = [r.value for r in releases_of(session, key)[:10]] if key else []

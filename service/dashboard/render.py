@@ -12,9 +12,9 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
 from evals import kinds
+from evals.numbers import DECIMALS, format_number, format_signed
 from service.api.deps import ANONYMOUS, COOKIE, Caller, csrf_token
 from service.dashboard.assets import PLOTLY_URL
-from service.numbers import DECIMALS, format_number, format_signed
 from service.releases.schemas import release_path
 from service.runs.state import ACTIVE, Status
 
@@ -49,7 +49,7 @@ def since(value: datetime | None) -> str:
 
 
 def number(value: float | int | None, digits: int = DECIMALS) -> str:
-    """Numbers as every report writes them (`service.numbers`), a dash where there is none."""
+    """Numbers as every report writes them (`evals.numbers`), a dash where there is none."""
     return format_number(value, digits, missing="—")
 
 

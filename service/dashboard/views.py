@@ -7,7 +7,7 @@ Each is one or two indexed queries whose size does not grow with the number of s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from sqlalchemy import ColumnElement, case, func, select
 from sqlalchemy.orm import Session
@@ -15,11 +15,11 @@ from sqlalchemy.orm import Session
 from evals import kinds
 from evals import suites as suite_registry
 from evals.kinds import MetricKind
+from evals.numbers import format_number
 from evals.verdict import Baseline, threshold
 from service.baselines import list_baselines
 from service.db.models import Run, SuiteResult
 from service.db.models import Sample as SampleRow
-from service.numbers import format_number
 from service.schemas import BaselineOut
 
 
@@ -48,9 +48,7 @@ def profile_overviews(session: Session, loaded: list[str]) -> list[ProfileOvervi
 
 
 def current_threshold(baseline: BaselineOut) -> float | None:
-    direction: Literal["higher", "lower"] = "lower" if baseline.direction == "lower" else "higher"
-    kind: Literal["absolute", "relative"] = "relative" if baseline.tolerance_kind == "relative" else "absolute"
-    return threshold(Baseline(baseline.value, direction, kind, baseline.tolerance))
+    return threshold(Baseline.stored(baseline.value, baseline.direction, baseline.tolerance_kind, baseline.tolerance))
 
 
 def _point(row: SuiteResult, run: Run) -> dict[str, Any]:

@@ -69,6 +69,7 @@ class Run(Base):
         ),
         # Covers /metrics' duration histogram: a scrape reads this narrow index, not the run rows.
         Index("ix_runs_durations", "profile", "duration_s"),
+        Index("ix_runs_fair_order", "triggered_by", "started_at"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -80,6 +81,10 @@ class Run(Base):
     triggered_by_token_id: Mapped[int | None] = mapped_column(
         ForeignKey("api_tokens.id", ondelete="SET NULL", name="fk_runs_triggered_by_token_id")
     )
+    # The role that triggered it: a token's role, `scheduler`, or `host` (the CLI on the service's host).
+    triggered_role: Mapped[str] = mapped_column(String(16), default="", server_default="")
+    # Why it did not run its profile as defined ("" when it did): such a run never decides a release.
+    exploratory: Mapped[str] = mapped_column(Text, default="", server_default="")
     labels: Mapped[dict[str, Any]] = mapped_column(JSON().with_variant(JSONB(), "postgresql"), default=dict)
     overrides: Mapped[dict[str, Any]] = mapped_column(default=dict)
     # The profile as resolved when the run was triggered (overrides in place), which it executes;
@@ -224,6 +229,9 @@ class ScheduleFire(Base):
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"))
     skipped_reason: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # A run of fires skipped for one reason is one row: how many, and the first one's time.
+    skipped_fires: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    first_fire_time: Mapped[datetime | None] = mapped_column()
 
 
 class ApiToken(Base):
@@ -290,3 +298,50 @@ class AuditEvent(Base):
     action: Mapped[str] = mapped_column(String(32))
     target: Mapped[str] = mapped_column(String(64))
     detail: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class Quota(Base):
+    """A queue limit an admin changed through the API; without a row, the setting's value holds."""
+
+    __tablename__ = "quotas"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[int] = mapped_column(Integer)
+    changed_by: Mapped[str] = mapped_column(String(128))
+    changed_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class MutationBatch(Base):
+    """A mutation batch `kvcanary mutants` started for one profile: who, when, which mutants, its
+    run, and the matrix computed once when that run ended (None until then)."""
+
+    __tablename__ = "mutation_batches"
+    __table_args__ = (
+        UniqueConstraint("batch", "profile", name="uq_mutation_batches_batch_profile"),
+        Index("ix_mutation_batches_profile", "profile", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    batch: Mapped[str] = mapped_column(String(64))
+    profile: Mapped[str] = mapped_column(String(64))
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"))
+    started_by: Mapped[str] = mapped_column(String(128))
+    started_role: Mapped[str] = mapped_column(String(16))
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    mutants: Mapped[list[Any]] = mapped_column(default=list)
+    settled_at: Mapped[datetime | None] = mapped_column()
+    matrix: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+
+
+class ReleaseComparison(Base):
+    """A run that decides a release against the same profile's run in the previous release: the
+    release page's comparison, computed when the later run ended (it reads every sample of both)."""
+
+    __tablename__ = "release_comparisons"
+    __table_args__ = (UniqueConstraint("previous_run_id", "run_id", name="uq_release_comparisons_pair"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    previous_run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    document: Mapped[dict[str, Any]] = mapped_column()
+    computed_at: Mapped[datetime] = mapped_column(default=utcnow)

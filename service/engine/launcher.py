@@ -3,8 +3,8 @@
 The profile decides everything the engine is started with; this module turns it into an
 argv list (never a shell string) and an environment, runs the server as the leader of its
 own process group with its log in the run's folder, and fails fast with the exit code and
-the log tail when the server dies before it is healthy. One engine serves all suites of a
-run for one model.
+the log tail when the server dies before it is healthy. One engine serves all suites of an
+arm; started `switchable`, it serves several arms in turn (`switch`, see service.engine.switch).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from tenacity import RetryCallState, Retrying, retry_if_result, wait_fixed
 from kernels.receipt import read_receipts
 from service.engine.health import HealthWatch
 from service.engine.process_group import describe_exit, start_group, stop_group
+from service.engine.switch import SwitchError, switch_engine
 from service.private_files import append_private, private_dir
 from service.profiles import Profile
 
@@ -44,8 +45,11 @@ MANAGED_ENV = (
     "KVCANARY_RECEIPT_DIR",
     "KVCANARY_ALLOW_UNVERIFIED_VLLM",
     "KVCANARY_CPU_PATH",
+    "KVCANARY_SWITCHABLE",
+    "VLLM_SERVER_DEV_MODE",
 )
 PLUGIN_NAME = "kvcanary"
+WORKER_EXTENSION = "kernels.worker_extension.KernelSwitch"
 
 
 class EngineStartError(RuntimeError):
@@ -57,8 +61,9 @@ class EngineStartError(RuntimeError):
         self.log_tail = log_tail
 
 
-def build_argv(profile: Profile, *, port: int, python: str) -> list[str]:
-    """The server's command line; every profile value is its own argv item."""
+def build_argv(profile: Profile, *, port: int, python: str, switchable: bool = False) -> list[str]:
+    """The server's command line; every profile value is its own argv item. A switchable engine
+    mixes kvcanary's worker extension into every worker (the switch between arms runs there)."""
     engine = profile.engine
     argv = [
         python, "-m", "vllm.entrypoints.openai.api_server",
@@ -89,14 +94,20 @@ def build_argv(profile: Profile, *, port: int, python: str) -> list[str]:
         argv += ["--block-size", str(engine.block_size)]
     if engine.kv_cache_dtype is not None:
         argv += ["--kv-cache-dtype", engine.kv_cache_dtype]
+    if switchable:
+        argv += ["--worker-extension-cls", WORKER_EXTENSION]
     return argv + list(engine.extra_args)
 
 
-def build_env(profile: Profile, *, receipt_dir: Path, base_env: Mapping[str, str]) -> dict[str, str]:
+def build_env(
+    profile: Profile, *, receipt_dir: Path, base_env: Mapping[str, str], switchable: bool = False
+) -> dict[str, str]:
     """`base_env` + the profile's env + what the kernel plugin reads.
 
     `VLLM_PLUGINS` is always set, so vLLM loads exactly the listed plugins and nothing else
-    that happens to be installed; an empty value loads none (the plain stock engine).
+    that happens to be installed; an empty value loads none (the plain stock engine). A
+    switchable engine always loads the plugin (a stock arm then runs vLLM's originals through
+    it) and serves vLLM's dev routes (`/collective_rpc`, `/reset_prefix_cache`) on its local port.
     """
     engine, kernels = profile.engine, profile.kernels
     clashing = sorted(set(engine.env) & set(MANAGED_ENV))
@@ -106,7 +117,7 @@ def build_env(profile: Profile, *, receipt_dir: Path, base_env: Mapping[str, str
             "derives from kernels.variant, kernels.canaries, engine.plugins and "
             "engine.allow_unverified_vllm; set those fields instead"
         )
-    ours = [] if kernels.variant == "stock" and not kernels.canaries else [PLUGIN_NAME]
+    ours = [] if kernels.variant == "stock" and not kernels.canaries and not switchable else [PLUGIN_NAME]
     env = {
         **base_env,
         **engine.env,
@@ -116,6 +127,8 @@ def build_env(profile: Profile, *, receipt_dir: Path, base_env: Mapping[str, str
         "KVCANARY_RECEIPT_DIR": str(receipt_dir),
         "KVCANARY_ALLOW_UNVERIFIED_VLLM": "1" if engine.allow_unverified_vllm else "0",
         "KVCANARY_CPU_PATH": "",
+        "KVCANARY_SWITCHABLE": "1" if switchable else "0",
+        "VLLM_SERVER_DEV_MODE": "1" if switchable else "0",
     }
     if kernels.cpu_path is not None and kernels.variant != "stock":
         # kvcanary's kernels run in Triton's interpreter only where the profile asks for it
@@ -163,11 +176,14 @@ class Engine:
         base_env: Mapping[str, str] | None = None,
         stop_event: threading.Event | None = None,
         health_interval_s: float = 2.0,
+        switchable: bool = False,
     ) -> None:
         self.profile = profile
         self.run_dir = run_dir
+        self.switchable = switchable
         self.log_path = run_dir / LOG_NAME
         self.receipt_dir = run_dir / RECEIPT_DIR_NAME
+        self.generation = 0
         self.stop_event = stop_event if stop_event is not None else threading.Event()
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
@@ -198,8 +214,8 @@ class Engine:
         if self._process is not None:
             raise RuntimeError(f"engine for {self.profile.name!r} was already started")
         private_dir(self.receipt_dir)
-        argv = build_argv(self.profile, port=self.port, python=self._python)
-        env = build_env(self.profile, receipt_dir=self.receipt_dir, base_env=self._base_env)
+        argv = build_argv(self.profile, port=self.port, python=self._python, switchable=self.switchable)
+        env = build_env(self.profile, receipt_dir=self.receipt_dir, base_env=self._base_env, switchable=self.switchable)
         shown_env = " ".join(
             f"{key}={shlex.quote(env[key])}" for key in (*MANAGED_ENV, "TRITON_INTERPRET") if key in env
         )
@@ -278,6 +294,18 @@ class Engine:
         except httpx.HTTPError as exc:
             return f"{self.url}/health did not answer: {exc!r}"
         return None if status == 200 else f"{self.url}/health answered HTTP {status}"
+
+    def switch(self, profile: Profile, run_dir: Path) -> dict[str, Any]:
+        """Serve the next arm (`profile`: its variant and canaries) with its receipts in `run_dir`;
+        what the switch did, or SwitchError when it could not be done or proven."""
+        if not self.switchable or self._process is None:
+            raise SwitchError(f"the engine for {self.profile.name!r} was not started switchable; start a fresh one")
+        receipt_dir = run_dir / RECEIPT_DIR_NAME
+        private_dir(receipt_dir)
+        self.generation += 1
+        done = switch_engine(self.url, profile, receipt_dir, run_dir.name, self.generation, self.receipt_dir)
+        self.profile, self.receipt_dir = profile, receipt_dir
+        return done
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return read_tail(self.log_path, lines)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 
-from service.numbers import format_number, format_signed
 from service.releases.schemas import NOT_RUN, MetricOutcome, ProfileRelease, ReleaseSummary
 
 _ESCAPED = {ord(c): "\\" + c for c in "\\`*_{}[]<>|#!&~$"}
@@ -28,8 +27,7 @@ def _change(row: ProfileRelease, metric: MetricOutcome) -> str:
     if row.comparison is None:
         return md(row.previous_note) if row.previous_note else "—"
     parts = [
-        f"{format_number(c.previous)} → {format_number(c.current)} "
-        f"({format_signed(c.delta)}{', worse' if c.worse else ''})"
+        f"{md(c.previous_shown)} → {md(c.current_shown)} ({md(c.delta_shown)}{', worse' if c.worse else ''})"
         for c in row.comparison.metrics
         if (c.arm, c.suite, c.metric) == (metric.arm, metric.suite, metric.metric)
     ]
@@ -47,6 +45,8 @@ def _change(row: ProfileRelease, metric: MetricOutcome) -> str:
 def _rows(row: ProfileRelease) -> list[str]:
     profile = md(row.profile) + (" (required)" if row.required else "")
     run = f"#{row.run.id}" if row.run is not None else "—"
+    if row.history:
+        run += f" ({md(row.history)})"
     if not row.metrics:
         what = {"running": f"running (run #{row.pending_run_id})", NOT_RUN: "not run"}.get(row.outcome, row.outcome)
         note = md("; ".join(row.reasons)) if row.reasons else ""
@@ -59,7 +59,7 @@ def _rows(row: ProfileRelease) -> list[str]:
         verdict = "not run" if m.verdict == NOT_RUN else m.verdict.replace("_", " ")
         lines.append(
             f"| {profile} | {md(row.outcome.replace('_', ' '))} | {run} | {arm} | {md(name)} | "
-            f"{format_number(m.value)} | {format_number(m.baseline)} | {md(verdict)} | {_change(row, m)} |"
+            f"{md(m.shown)} | {md(m.baseline_shown)} | {md(verdict)} | {_change(row, m)} |"
         )
     return lines
 
@@ -80,12 +80,20 @@ def release_markdown(summary: ReleaseSummary) -> str:
     ]
     for row in summary.profiles:
         out += _rows(row)
+    exploratory = [(row, run) for row in summary.profiles for run in row.exploratory]
+    if exploratory:
+        out += ["", "Exploratory runs (shown, never deciding):", ""]
+        out += [f"- {md(row.profile)} #{run.id} {md(run.status)}: {md(run.why)}" for row, run in exploratory[:20]]
+        if len(exploratory) > 20:
+            out.append(f"- and {len(exploratory) - 20} more")
     scored = [row for row in summary.profiles if row.mutation is not None]
     if scored:
         out += ["", "Mutation score (the latest `kvcanary mutants` batch of each profile):", ""]
         out += [
             f"- {md(row.profile)}: {row.mutation.caught} of {row.mutation.mutants} kernel mutants seen "
-            f"({row.mutation.judged} finished, batch {md(row.mutation.batch)})"
+            f"({row.mutation.judged} finished, batch {md(row.mutation.batch)} started by "
+            f"{md(row.mutation.started_by)} ({md(row.mutation.started_role)}) "
+            f"at {row.mutation.started_at:%Y-%m-%d %H:%M} UTC)"
             for row in scored
             if row.mutation is not None
         ]

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field, field_validator
 
 ReleaseState = Literal["ready", "blocked", "incomplete"]
 # How a profile stands in a release: its latest decided run's status, or why there is none.
-Outcome = Literal["passed", "failed", "error", "running", "not_run"]
+Outcome = Literal["passed", "failed", "error", "inconclusive", "running", "not_run"]
 NOT_RUN: Literal["not_run"] = "not_run"
 
 
@@ -32,6 +32,8 @@ class ReleaseRun(BaseModel):
     verdict: str | None
     verdict_summary: str
     error: str
+    triggered_by: str = ""
+    triggered_role: str = Field("", description="ci, admin, scheduler or host (the CLI on the service's host)")
     arms: list[str] = Field(description="The arms' names, control first; empty: one arm, the profile's variant")
     created_at: datetime
     finished_at: datetime | None
@@ -58,6 +60,9 @@ class MetricOutcome(BaseModel):
     threshold: float | None
     verdict: str
     explanation: str
+    shown: str = Field("-", description="The value as the metric's kind writes it, e.g. `not finite`")
+    baseline_shown: str = "-"
+    threshold_shown: str = "-"
 
 
 class MetricChange(BaseModel):
@@ -71,6 +76,9 @@ class MetricChange(BaseModel):
     current: float
     delta: float = Field(description="current - previous")
     worse: bool = Field(description="The change goes against the metric's direction")
+    previous_shown: str = Field("-", description="`previous` as the metric's kind writes it")
+    current_shown: str = Field("-", description="`current` as the metric's kind writes it")
+    delta_shown: str = Field("-", description="`delta` with its sign; `-` where either value is not a number")
 
 
 class PairedChange(BaseModel):
@@ -100,21 +108,39 @@ class MutationScore(BaseModel):
     """The profile's latest mutation batch (`kvcanary mutants`): how many kernel mutants its suites saw."""
 
     batch: str
+    started_by: str = Field(description="Who started the batch (`kvcanary mutants`)")
+    started_role: str = Field(description="admin, host (the CLI on the service's host) or scheduler")
+    started_at: datetime
     caught: int = Field(description="Mutants caught (or whose engine died) by at least one suite")
     judged: int = Field(description="Mutants whose run finished")
     mutants: int = Field(description="Mutants in the batch")
     link: str = Field(description="The profile page, where the whole matrix is")
 
 
+class ExploratoryRun(BaseModel):
+    """A run that carries the release's label but may not decide it: shown, never counted."""
+
+    id: int
+    status: str
+    verdict: str | None
+    why: str = Field(description="What it changed of the profile, or the role that may not gate")
+
+
 class ProfileRelease(BaseModel):
-    """One profile's row: its latest decided run in the release, and the change since the previous one."""
+    """One profile's row: its latest decided gate-grade run in the release, and the change since the previous one."""
 
     profile: str
     required: bool
-    outcome: Outcome
+    outcome: Outcome = Field(description="The deciding run's status; inconclusive: it passed without a verdict")
     runs: int = Field(description="Runs of this profile carrying the release's label")
-    run: ReleaseRun | None = Field(description="The latest passed, failed or errored run")
-    pending_run_id: int | None = Field(description="A newer run still queued or going")
+    run: ReleaseRun | None = Field(description="The latest passed, failed or errored gate-grade run: it decides")
+    pending_run_id: int | None = Field(description="A newer gate-grade run still queued or going")
+    history: str = Field(
+        "", description="A failure the deciding run passed after, e.g. `failed #12, passed on re-run #15`"
+    )
+    exploratory: list[ExploratoryRun] = Field(
+        default_factory=list, description="Runs that did not run the profile as defined or may not gate, newest first"
+    )
     metrics: list[MetricOutcome]
     reasons: list[str] = Field(description="What failed, when the outcome is failed or error")
     comparison: Comparison | None

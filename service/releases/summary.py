@@ -1,12 +1,14 @@
-"""The release summary, computed from stored runs, results and samples (nothing is run again).
+"""The release summary, read from stored runs and results and what their ends computed (nothing is run again).
 
 A release is every run carrying one label value (`vllm_version=0.25.1`, `git_sha=3f2a9c1`).
-Per profile its latest decided run (passed, failed or errored) speaks for it; a newer run still
-going is noted, not waited for. Which profiles a release needs is configured
+Per profile its latest decided gate-grade run (passed, failed or errored) speaks for it
+(`service.releases.decision`); a newer one still going is noted, not waited for, and runs that
+may not decide are listed as exploratory. Which profiles a release needs is configured
 (`KVCANARY_RELEASE_REQUIRED_PROFILES`), never guessed from what happened to run. The previous
 release is the value of the same key whose first run came last before this release's first
-run, unless the caller names one; each profile's row is paired with the same profile's latest
-decided run there, through the same run diff the compare view shows.
+run, unless the caller names one; each profile's row is paired with the same profile's deciding
+run there, through the same run diff the compare view shows, as stored when the later run ended
+(`service.releases.comparison`). The mutation score is the batch record's stored matrix.
 """
 
 from __future__ import annotations
@@ -20,18 +22,16 @@ from urllib.parse import quote
 from sqlalchemy import ColumnElement, func, literal_column, select
 from sqlalchemy.orm import Session, load_only
 
-from evals import kinds
+from evals import suites as suite_registry
 from service.db.models import Run, SuiteResult
-from service.numbers import format_number
 from service.profiles import Profile
+from service.releases.comparison import comparison_of
+from service.releases.decision import Decision, RunFacts, decide
 from service.releases.schemas import (
     NOT_RUN,
-    Comparison,
-    MetricChange,
     MetricOutcome,
     MutationScore,
     Outcome,
-    PairedChange,
     ProfileRelease,
     ReleaseIndex,
     ReleaseListing,
@@ -40,20 +40,14 @@ from service.releases.schemas import (
     ReleaseSummary,
     release_path,
 )
-from service.runs.compare import CompareError, SuiteDiff, arms_and_suites, diff_runs
-from service.runs.mutation import latest_matrix
+from service.runs.batches import latest_batch
 from service.runs.queries import label_is
-from service.runs.state import Status
 from service.schemas import LABEL_KEY
+from service.text import nfc
 
-DECIDED = frozenset({Status.PASSED.value, Status.FAILED.value, Status.ERROR.value})
-PENDING = frozenset(
-    {Status.QUEUED.value, Status.STARTING_ENGINE.value, Status.RUNNING.value, Status.SCORING.value}
-    | {Status.INTERRUPTED.value}
-)
 RUN_COLUMNS = (
     Run.id, Run.profile, Run.status, Run.verdict, Run.verdict_summary, Run.error, Run.labels, Run.arms,
-    Run.overrides, Run.created_at, Run.finished_at,
+    Run.overrides, Run.created_at, Run.finished_at, Run.triggered_by, Run.triggered_role, Run.exploratory,
 )  # fmt: skip
 INDEX_LIMIT = 50
 
@@ -71,11 +65,12 @@ class Release:
 
 
 def parse_release(spec: str) -> tuple[str, str]:
-    """`key=value` (the value may hold any printable characters, `=` and `/` included) or ReleaseNotFound."""
+    """`key=value` (the value may hold any printable characters, `=` and `/` included; read in NFC, as
+    labels are stored) or ReleaseNotFound."""
     key, sep, value = spec.partition("=")
     if not sep or not re.match(LABEL_KEY, key):
         raise ReleaseNotFound(f"{spec[:80]!r} is not a release: write KEY=VALUE, e.g. vllm_version=0.25.1")
-    return key, value
+    return key, nfc(value)
 
 
 def _value_of(key: str) -> ColumnElement[str]:
@@ -107,32 +102,30 @@ def _release_runs(session: Session, key: str, value: str) -> list[Run]:
     return list(session.scalars(query.order_by(Run.id)))
 
 
-def _latest(runs: Sequence[Run]) -> tuple[Run | None, Run | None]:
-    """The newest decided run, and a newer run still queued or going (runs in id order)."""
-    decided = next((r for r in reversed(runs) if r.status in DECIDED), None)
-    pending = next((r for r in reversed(runs) if r.status in PENDING and (decided is None or r.id > decided.id)), None)
-    return decided, pending
+def _decide(runs: Sequence[Run], gate_roles: Sequence[str]) -> Decision:
+    facts = [RunFacts(r.id, r.status, r.verdict, r.exploratory, r.triggered_role) for r in runs]
+    return decide(facts, gate_roles)
 
 
-def _outcome(decided_status: str | None, pending: bool) -> Outcome:
-    """A decided run's status (passed, failed, error), else running or not_run."""
-    if decided_status is not None:
-        return "passed" if decided_status == "passed" else "failed" if decided_status == "failed" else "error"
-    return "running" if pending else NOT_RUN
+def _missing(profile: str, outcome: Outcome | None, reason: str, pending: int | None) -> str:
+    if outcome == "inconclusive":
+        return f"{profile} {reason}"
+    return f"{profile} is still running (run #{pending})" if outcome == "running" else f"{profile} has not run"
 
 
 def judge(
     required: Sequence[str], outcomes: dict[str, Outcome], reasons: dict[str, str], pending: dict[str, int]
 ) -> tuple[ReleaseState, str, list[str], list[str]]:
-    """(state, the one line, blocking, missing): blocked names what failed, incomplete what has not run."""
+    """(state, the one line, blocking, missing): blocked names what failed, incomplete what has not run
+    or was inconclusive (which never counts as passed)."""
     if not required:
         line = "incomplete: no profile is required for a release; name them in KVCANARY_RELEASE_REQUIRED_PROFILES"
         return "incomplete", line, [], []
     blocking = [f"{p} {reasons[p]}" for p in required if outcomes.get(p) in ("failed", "error")]
     missing = [
-        f"{p} is still running (run #{pending[p]})" if outcomes.get(p) == "running" else f"{p} has not run"
+        _missing(p, outcomes.get(p), reasons.get(p, ""), pending.get(p))
         for p in required
-        if outcomes.get(p, NOT_RUN) in ("running", NOT_RUN)
+        if outcomes.get(p, NOT_RUN) in ("running", NOT_RUN, "inconclusive")
     ]
     if blocking:
         tail = f"; also incomplete: {'; '.join(missing)}" if missing else ""
@@ -142,30 +135,39 @@ def judge(
     return "ready", f"ready: every required profile passed ({', '.join(required)})", blocking, missing
 
 
-def release_index(session: Session, key: str, required: Sequence[str], limit: int = INDEX_LIMIT) -> ReleaseIndex:
+def _short_reason(decision: Decision) -> str:
+    """The index's reason: which run failed or was inconclusive, and what does not lift it."""
+    if decision.outcome == "inconclusive":
+        return f"was inconclusive (run #{decision.decided}), which is not a pass"
+    word = "errored" if decision.outcome == "error" else "failed"
+    return f"{word} (run #{decision.decided}){decision.after()}"
+
+
+def release_index(
+    session: Session, key: str, required: Sequence[str], gate_roles: Sequence[str], limit: int = INDEX_LIMIT
+) -> ReleaseIndex:
     """The newest `limit` releases of `key`, each judged from its runs' statuses (one query for all)."""
     newest = releases_of(session, key)[:limit]
     wanted = {r.value for r in newest}
     value = _value_of(key)
-    rows = session.execute(
-        select(value, Run.id, Run.profile, Run.status).where(value.in_(wanted)).order_by(Run.id)
-    ).all() if wanted else []  # fmt: skip
-    by_release: dict[str, dict[str, list[tuple[int, str]]]] = {}
-    for label_value, run_id, profile, status in rows:
-        by_release.setdefault(label_value, {}).setdefault(profile, []).append((run_id, status))
+    columns = (value, Run.id, Run.profile, Run.status, Run.verdict, Run.exploratory, Run.triggered_role)
+    rows = session.execute(select(*columns).where(value.in_(wanted)).order_by(Run.id)).all() if wanted else []
+    by_release: dict[str, dict[str, list[RunFacts]]] = {}
+    for label_value, run_id, profile, status, verdict, exploratory, role in rows:
+        facts = RunFacts(run_id, status, verdict, exploratory, role)
+        by_release.setdefault(label_value, {}).setdefault(profile, []).append(facts)
     listings = []
     for release in newest:
         outcomes: dict[str, Outcome] = {}
         reasons: dict[str, str] = {}
         pending: dict[str, int] = {}
         for profile, runs in by_release.get(release.value, {}).items():
-            decided = next(((i, s) for i, s in reversed(runs) if s in DECIDED), None)
-            going = next((i for i, s in reversed(runs) if s in PENDING and (decided is None or i > decided[0])), None)
-            outcomes[profile] = _outcome(decided[1] if decided else None, going is not None)
-            if decided is not None:
-                reasons[profile] = f"{'errored' if decided[1] == 'error' else 'failed'} (run #{decided[0]})"
-            if going is not None:
-                pending[profile] = going
+            decision = decide(runs, gate_roles)
+            outcomes[profile] = decision.outcome
+            if decision.decided is not None:
+                reasons[profile] = _short_reason(decision)
+            if decision.pending is not None:
+                pending[profile] = decision.pending
         state, line, _, _ = judge(required, outcomes, reasons, pending)
         listings.append(
             ReleaseListing(
@@ -178,13 +180,16 @@ def release_index(session: Session, key: str, required: Sequence[str], limit: in
 
 
 def _mutation_score(session: Session, profile: str, base_url: str) -> MutationScore | None:
-    """The profile's latest mutation batch summed up; the gate's own score, not the release's."""
-    matrix = latest_matrix(session, profile)
-    if matrix.batch is None:
+    """The profile's latest mutation batch record summed up (its matrix computed when its run ended);
+    the gate's own score, not the release's."""
+    batch = latest_batch(session, profile)
+    if batch is None:
         return None
+    matrix = batch.matrix or {}
     return MutationScore(
-        batch=matrix.batch, caught=matrix.caught, judged=matrix.judged, mutants=len(matrix.rows),
-        link=f"{base_url}/profiles/{quote(profile)}#mutants",
+        batch=batch.batch, started_by=batch.started_by, started_role=batch.started_role,
+        started_at=batch.started_at, caught=int(matrix.get("caught", 0)), judged=int(matrix.get("judged", 0)),
+        mutants=len(batch.mutants), link=f"{base_url}/profiles/{quote(profile)}#mutants",
     )  # fmt: skip
 
 
@@ -203,7 +208,9 @@ def _metrics(run: Run, results: Sequence[SuiteResult], profile: Profile | None) 
         MetricOutcome(
             arm=r.arm, suite=r.suite, metric=r.metric, value=r.value, n=r.n, ci_low=r.ci_low, ci_high=r.ci_high,
             direction=r.direction, baseline=r.baseline_value, threshold=r.threshold, verdict=r.verdict or "none",
-            explanation=r.explanation,
+            explanation=r.explanation, shown=suite_registry.shown(r.suite, r.metric, r.value, r.details),
+            baseline_shown=suite_registry.shown(r.suite, r.metric, r.baseline_value, None),
+            threshold_shown=suite_registry.shown(r.suite, r.metric, r.threshold, None),
         )
         for r in results
     ]  # fmt: skip
@@ -220,77 +227,41 @@ def _metrics(run: Run, results: Sequence[SuiteResult], profile: Profile | None) 
     return out
 
 
-def _reasons(run: Run, metrics: Sequence[MetricOutcome]) -> list[str]:
-    """Why a failed or errored run did: its failing metrics (the arm named where it had several), or its error."""
+def _reasons(run: Run, metrics: Sequence[MetricOutcome], decision: Decision) -> list[str]:
+    """Why a failed, errored or inconclusive run did: its failing metrics (the arm named where it had
+    several, each value as its kind writes it), or its error; then the newer runs that do not decide."""
     if run.status == "error":
         first = (run.error or "no error recorded").strip().splitlines()[0][:300]
-        return [f"errored (run #{run.id}): {first}"]
-    if run.status != "failed":  # a passed A/B run's control arm may fail as the run expected
-        return []
+        return [f"errored (run #{run.id}): {first}{decision.after()}"]
+    if decision.outcome != "inconclusive" and run.status != "failed":
+        return []  # a passed A/B run's control arm may fail as the run expected
     arms = {m.arm for m in metrics}
     reasons = []
     for m in metrics:
-        if m.verdict == "fail":
+        if m.verdict == "inconclusive" and decision.outcome == "inconclusive":
             arm = f" [{m.arm}]" if len(arms) > 1 else ""
-            line = f" (pass line {format_number(m.threshold)})" if m.threshold is not None else ""
-            reasons.append(f"{m.suite}.{m.metric}{arm} {format_number(m.value)}{line}")
-    return [f"failed (run #{run.id}): {', '.join(reasons) or run.verdict_summary}"]
+            reasons.append(f"{m.suite}.{m.metric}{arm} {m.shown} on {m.n} items")
+        elif m.verdict == "fail":
+            arm = f" [{m.arm}]" if len(arms) > 1 else ""
+            line = f" (pass line {m.threshold_shown})" if m.threshold is not None else ""
+            reasons.append(f"{m.suite}.{m.metric}{arm} {m.shown}{line}")
+    if decision.outcome == "inconclusive":
+        return [f"was inconclusive (run #{run.id}), which is not a pass: {', '.join(reasons) or run.verdict_summary}"]
+    return [f"failed (run #{run.id}): {', '.join(reasons) or run.verdict_summary}{decision.after()}"]
 
 
-def _paired(diff_arm: str, suites: Sequence[SuiteDiff]) -> list[PairedChange]:
-    """Counts from the run diff, as each kind summarises its section (`MetricKind.changes`)."""
-    return [
-        PairedChange(
-            arm=diff_arm,
-            suite=suite.suite,
-            kind=name,
-            metric=c.metric,
-            matched=c.matched,
-            worse=c.worse,
-            better=c.better,
-            summary=c.summary,
-        )
-        for suite in suites
-        for name in suite.kinds
-        for c in kinds.get(name).changes(getattr(suite, name))
-    ]
+def deciding_run(session: Session, key: str, value: str, profile: str, gate_roles: Sequence[str]) -> Run | None:
+    """The run that decides `profile`'s row in release key=value, if one does."""
+    runs = [run for run in _release_runs(session, key, value) if run.profile == profile]
+    decided = _decide(runs, gate_roles).decided
+    return next((run for run in runs if run.id == decided), None)
 
 
-def _compare(
-    session: Session, prev: Run, cur: Run, prev_results: Sequence[SuiteResult], cur_results: Sequence[SuiteResult],
-    base_url: str,
-) -> Comparison:  # fmt: skip
-    before = {(r.arm, r.suite, r.metric): r for r in prev_results}
-    changes = []
-    for r in cur_results:
-        old = before.get((r.arm, r.suite, r.metric))
-        if old is not None:
-            delta = r.value - old.value
-            changes.append(
-                MetricChange(
-                    arm=r.arm, suite=r.suite, metric=r.metric, direction=r.direction, previous=old.value,
-                    current=r.value, delta=delta, worse=delta < 0 if r.direction == "higher" else delta > 0,
-                )
-            )  # fmt: skip
-    stored_prev, stored_cur = arms_and_suites(session, prev.id), arms_and_suites(session, cur.id)
-    several = len(stored_prev) > 1 or len(stored_cur) > 1
-    arms: list[str | None] = [*sorted(set(stored_prev) & set(stored_cur))] or [None]
-    paired: list[PairedChange] = []
-    links: dict[str, str] = {}
-    problems = []
-    for arm in arms:
-        try:
-            diff = diff_runs(session, prev, cur, arm_a=arm, arm_b=arm, top=1)
-        except CompareError as exc:
-            problems.append(str(exc))
-            continue
-        name = diff.b.arm if arm is None else arm
-        paired.extend(_paired(name, diff.suites))
-        query = f"?arm_a={quote(diff.a.arm, safe='')}&arm_b={quote(diff.b.arm, safe='')}" if several else ""
-        links[name] = f"{base_url}/compare/{prev.id}/{cur.id}{query}"
-    return Comparison(
-        previous_run_id=prev.id, metrics=changes, paired=paired, diff_links=links, problem="; ".join(problems)
-    )
+def next_release(session: Session, key: str, value: str) -> str | None:
+    """The value whose previous release `value` is: the one whose first run came next."""
+    releases = releases_of(session, key)
+    at = next((i for i, r in enumerate(releases) if r.value == value), None)
+    return releases[at - 1].value if at else None
 
 
 def previous_release(session: Session, key: str, value: str) -> str | None:
@@ -309,12 +280,14 @@ def release_summary(
     value: str,
     *,
     required: Sequence[str],
+    gate_roles: Sequence[str],
     profiles: dict[str, Profile],
     previous: str | None = None,
     base_url: str = "",
 ) -> ReleaseSummary:
-    """Every profile with runs labelled key=value (and every required one), judged and paired with the
-    previous release. ReleaseNotFound when no run has the key, the value, or the named previous value."""
+    """Every profile with runs labelled key=value (and every required one), judged from its gate-grade
+    runs and paired with the previous release. ReleaseNotFound when no run has the key, the value, or
+    the named previous value."""
     hint = "a key such as vllm_version or git_sha (see KVCANARY_RELEASE_LABEL)"
     _check_key(session, key, hint)
     runs = _release_runs(session, key, value)
@@ -322,7 +295,7 @@ def release_summary(
         recent = ", ".join(r.value for r in releases_of(session, key)[:5])
         raise ReleaseNotFound(f"no run is labelled {key}={value}; recent values of {key}: {recent}")
     named = previous is not None
-    previous = previous if named else previous_release(session, key, value)
+    previous = nfc(previous) if previous is not None else previous_release(session, key, value)
     prev_runs = _release_runs(session, key, previous) if previous is not None else []
     if named and not prev_runs:
         raise ReleaseNotFound(f"no run is labelled {key}={previous} (the release to compare with)")
@@ -332,9 +305,11 @@ def release_summary(
     prev_by_profile: dict[str, list[Run]] = {}
     for run in prev_runs:
         prev_by_profile.setdefault(run.profile, []).append(run)
-    latest = {p: _latest(rs) for p, rs in by_profile.items()}
-    prev_latest = {p: _latest(rs)[0] for p, rs in prev_by_profile.items()}
-    chosen = [r.id for r, _ in latest.values() if r is not None] + [r.id for r in prev_latest.values() if r]
+    by_id = {run.id: run for run in [*runs, *prev_runs]}
+    decisions = {p: _decide(rs, gate_roles) for p, rs in by_profile.items()}
+    prev_decided = {p: _decide(rs, gate_roles).decided for p, rs in prev_by_profile.items()}
+    prev_latest = {p: by_id[i] for p, i in prev_decided.items() if i is not None}
+    chosen = [d.decided for d in decisions.values() if d.decided is not None]
     results: dict[int, list[SuiteResult]] = {}
     ordered = (SuiteResult.arm, SuiteResult.suite, SuiteResult.id)
     for row in session.scalars(select(SuiteResult).where(SuiteResult.run_id.in_(chosen)).order_by(*ordered)):
@@ -346,32 +321,31 @@ def release_summary(
     reasons: dict[str, str] = {}
     pending: dict[str, int] = {}
     for name in names:
-        decided, going = latest.get(name, (None, None))
-        outcome = _outcome(decided.status if decided else None, going is not None)
-        outcomes[name] = outcome
-        if going is not None:
-            pending[name] = going.id
+        decision = decisions.get(name, Decision(None, NOT_RUN, None))
+        decided = by_id[decision.decided] if decision.decided is not None else None
+        outcomes[name] = decision.outcome
+        if decision.pending is not None:
+            pending[name] = decision.pending
         metrics, why, comparison, note = [], [], None, ""
         if decided is not None:
             metrics = _metrics(decided, results.get(decided.id, []), profiles.get(name))
-            why = _reasons(decided, metrics)
-            if why and outcome in ("failed", "error"):
+            why = _reasons(decided, metrics, decision)
+            if why and decision.outcome in ("failed", "error", "inconclusive"):
                 reasons[name] = why[0]
             before = prev_latest.get(name)
             if previous is None:
                 note = f"no earlier release of {key}"
             elif before is None:
-                note = f"no decided run of {name} in {key}={previous}"
+                note = f"no decided gate-grade run of {name} in {key}={previous}"
             else:
-                comparison = _compare(
-                    session, before, decided, results.get(before.id, []), results.get(decided.id, []), base_url
-                )
+                comparison = comparison_of(session, before, decided, base_url)
         rows.append(
             ProfileRelease(
-                profile=name, required=name in required, outcome=outcome, runs=len(by_profile.get(name, [])),
+                profile=name, required=name in required, outcome=decision.outcome, runs=len(by_profile.get(name, [])),
                 run=ReleaseRun.model_validate(decided, from_attributes=True) if decided is not None else None,
-                pending_run_id=going.id if going is not None else None, metrics=metrics, reasons=why,
-                comparison=comparison, previous_note=note, mutation=_mutation_score(session, name, base_url),
+                pending_run_id=decision.pending, history=decision.history, exploratory=decision.exploratory,
+                metrics=metrics, reasons=why, comparison=comparison, previous_note=note,
+                mutation=_mutation_score(session, name, base_url),
             )
         )  # fmt: skip
     state, line, blocking, missing = judge(required, outcomes, reasons, pending)

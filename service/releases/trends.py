@@ -1,4 +1,5 @@
-"""A profile's metrics over releases (not over runs): per release, its latest decided run's values.
+"""A profile's metrics over releases (not over runs): per release, the values of the run that decides it
+(its latest decided gate-grade run, as `service.releases.decision` picks it).
 
 For the profile page's "by release" charts: what a release manager compares is 0.24.0 against
 0.25.0, not nightly against nightly. Each point keeps the baseline and pass line it was judged
@@ -7,24 +8,26 @@ against, so the band shows the baseline as it was for that release.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, load_only
 
 from evals import suites as suite_registry
+from evals.numbers import format_number
 from service.db.models import Run, SuiteResult
-from service.numbers import format_number
+from service.releases.decision import DECIDED
 from service.releases.schemas import release_path
-from service.releases.summary import DECIDED
 
 
-def release_trends(session: Session, profile: str, key: str, last: int) -> dict[str, Any]:
+def release_trends(session: Session, profile: str, key: str, last: int, gate_roles: Sequence[str]) -> dict[str, Any]:
     """{"key", "releases": values oldest first (by first run), "series": per (suite, metric) points}."""
     value = Run.labels[key].as_string()
     runs = session.scalars(
         select(Run)
-        .where(Run.profile == profile, value.is_not(None), Run.status.in_(DECIDED))
+        .where(Run.profile == profile, value.is_not(None), Run.status.in_(DECIDED), Run.exploratory == "")
+        .where(Run.triggered_role.in_(gate_roles))
         .options(load_only(Run.id, Run.labels, Run.created_at, raiseload=True))
         .order_by(Run.id)
     ).all()

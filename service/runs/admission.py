@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from service.arms import Plan, plan
 from service.engine.gpus import refusal
+from service.engine_bounds import out_of_bounds
 from service.profile_snapshot import snapshot_of
 from service.profiles import ArmSpec, Expectation, Profile, ProfileError, RunOverrides, apply_overrides, describe
 
@@ -76,14 +77,17 @@ def admit(
     *,
     on_this_host: bool,
 ) -> Admission:
-    """Check a run before it is queued (overrides, then arms and expectations, then this host);
-    RunRefused says what is wrong."""
+    """Check a run before it is queued (overrides, then arms and expectations, then each engine's
+    arguments against the model's and vLLM's bounds, then this host); RunRefused says what is wrong."""
     overrides = overrides or RunOverrides()
     applied = fitted(profile, overrides, on_this_host=False)
     try:
         planned = plan(profile, overrides, compare, expect)
     except ProfileError as exc:
         raise RunRefused(str(exc)) from exc
+    bounds = out_of_bounds(applied, planned.arms)
+    if bounds:
+        raise RunRefused(f"profile {profile.name!r}: " + "; ".join(bounds))
     if on_this_host:
         fitted(applied, on_this_host=True)
     return Admission(applied, planned)

@@ -1,8 +1,10 @@
-"""One arm of a run: its engine started from the profile with the arm's overrides in place, every
-suite of the profile against it, samples stored as they come; an engine death is `EngineDied`.
+"""One arm of a run: its engine (started from the profile with the arm's overrides in place, or
+the arm before it's engine switched to this arm), every suite of the profile against it, samples
+stored as they come; an engine death is `EngineDied`.
 
-An arm's engine is the context's (`RunContext.engines`): vLLM, or a stand-in in tests about
-orchestration. It is stopped when the arm ends, however it ends.
+An arm's engine comes from `shared_engines.ArmEngines` over the context's factory
+(`RunContext.engines`: vLLM, or a stand-in in tests about orchestration). It is stopped when the
+arm ends other than by finishing its suites; a finished arm leaves it to the next arm.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from evals import suites as suite_registry
-from evals.suites.base import Sample, SuiteAborted, SuiteContext, SuiteOutcome
-from service.arms import apply as apply_arm
+from evals.records import Sample
+from evals.suites.base import SuiteAborted, SuiteContext, SuiteOutcome
+from service.arms import engine_change
 from service.db.models import Run
 from service.engine.death import EngineDied, diagnose_file
 from service.engine.launcher import EngineStartError
@@ -23,6 +26,7 @@ from service.private_files import private_dir
 from service.profiles import ArmSpec, Profile
 from service.runs import scoring, store
 from service.runs.context import ArmEngine, RunContext
+from service.runs.shared_engines import ArmEngines
 from service.runs.state import Status, transition
 from service.runs.watch import Progress, Watcher
 
@@ -45,7 +49,7 @@ def _compared_with(
 
 def _run_suite(
     context: RunContext, watcher: Watcher, arm: str, control_arm: str | None, profile: Profile, engine: ArmEngine,
-    suite: str,
+    suite: str, change: dict[str, list[Any]] | None,
 ) -> SuiteOutcome:  # fmt: skip
     definition = suite_registry.get(suite)
     config = profile.suite_configs()[suite]
@@ -73,6 +77,7 @@ def _run_suite(
         emit_samples=emit,
         done_samples=done,
         reference_samples=compared_with,
+        engine_change=change if control_arm is not None else None,
         stop_event=engine.stop_event,
     )
     if done:
@@ -125,21 +130,25 @@ def _died(context: RunContext, engine: ArmEngine, arm: str, moment: str, symptom
     return EngineDied(arm=arm, moment=moment, symptom=symptom, cause=cause, log_tail=engine.log_tail())
 
 
-def _start(context: RunContext, arm: str, profile: Profile, engine: ArmEngine) -> None:
-    """Start the arm's engine and record it on the run; the first arm up moves the run to running."""
+def _start(context: RunContext, arm: str, profile: Profile, engine: ArmEngine, use: dict[str, Any]) -> None:
+    """Start the arm's engine (a shared one is up already: `use` holds its switch) and record it on
+    the run; the first arm up moves the run to running."""
     began = time.monotonic()
-    try:
-        engine.start()
-    except EngineStartError as exc:
-        if exc.exit_code is None:
-            raise  # alive but not healthy in time, or no receipt: not a death
-        symptom = str(exc).splitlines()[0]
-        raise _died(context, engine, arm, "at start-up, before /health answered", symptom) from None
-    facts = _engine_facts(engine)
+    if "switch" not in use:
+        try:
+            engine.start()
+        except EngineStartError as exc:
+            if exc.exit_code is None:
+                raise  # alive but not healthy in time, or no receipt: not a death
+            symptom = str(exc).splitlines()[0]
+            raise _died(context, engine, arm, "at start-up, before /health answered", symptom) from None
+        context.timings[f"{arm}.engine_start_s"] = round(time.monotonic() - began, 2)
+    facts = {**_engine_facts(engine), "engine_use": use}
+    if "switch" in use:
+        facts["startup_s"] = None  # this arm started no engine
     with context.owned() as (session, run):
         run.engine_pid = engine.pid
     _check_receipts(profile, facts)
-    context.timings[f"{arm}.engine_start_s"] = round(time.monotonic() - began, 2)
     with context.owned() as (session, run):
         run.engine = {**run.engine, arm: facts}
         if run.status == Status.STARTING_ENGINE.value:
@@ -148,24 +157,34 @@ def _start(context: RunContext, arm: str, profile: Profile, engine: ArmEngine) -
 
 def run_arm(
     context: RunContext,
-    spec: ArmSpec,
+    engines: ArmEngines,
+    arm: str,
     control: str | None,
     watcher: Watcher,
     outcomes: dict[tuple[str, str], SuiteOutcome],
 ) -> None:
-    """Every suite of one arm against its own engine, each outcome into `outcomes` as it ends;
+    """Every suite of one arm against its engine, each outcome into `outcomes` as it ends;
     EngineDied when the engine dies, RunCancelled or RunLost when the watcher stopped the run."""
-    arm, profile = spec.name, apply_arm(context.profile, spec)
+    profile = engines.profile(arm)
+    change = (
+        engine_change(context.profile, ArmSpec.model_validate(arm), ArmSpec.model_validate(control))
+        if control is not None
+        else None
+    )
     watcher.rearm(arm)
     private_dir(context.run_dir / arm)
-    engine = context.engines(profile, context.run_dir / arm, watcher.stop_event)
+    began = time.monotonic()
+    engine, use = engines.take(arm)
+    if "switch" in use:
+        context.timings[f"{arm}.engine_switch_s"] = round(time.monotonic() - began, 2)
+    finished = False
     try:
-        _start(context, arm, profile, engine)
+        _start(context, arm, profile, engine, use)
         for entry in profile.suites:
             began = time.monotonic()
             moment = f"while {entry.suite} ran"
             try:
-                outcome = _run_suite(context, watcher, arm, control, profile, engine, entry.suite)
+                outcome = _run_suite(context, watcher, arm, control, profile, engine, entry.suite, change)
             except Exception as exc:
                 watcher.raise_if_stopped("while suites ran")
                 symptom = engine.death_symptom()
@@ -181,7 +200,9 @@ def run_arm(
             outcomes[(arm, entry.suite)] = outcome
             context.timings[f"{arm}.{entry.suite}_s"] = round(time.monotonic() - began, 2)
             context.update(timings=dict(context.timings))
+        finished = True
     finally:
-        engine.stop()
+        if not finished:
+            engines.close()  # died, cancelled or lost: no later arm may use it
         context.log_tail = engine.log_tail()[-LOG_TAIL_CHARS:]
     context.update(log_tail=context.log_tail)

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from evals import kinds as metric_kinds
 from evals import suites as suite_registry
-from evals.suites.base import Sample
+from evals.records import Sample
 from service.db.models import Run
 from service.db.models import Sample as SampleRow
 from service.runs.store import load_samples

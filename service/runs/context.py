@@ -58,16 +58,27 @@ class ArmEngine(Protocol):
 
     def receipts(self) -> list[dict[str, Any]]: ...
 
+    def switch(self, profile: Profile, run_dir: Path) -> dict[str, Any]:
+        """Serve the next arm (started `switchable`); SwitchError when it cannot."""
+        ...
 
-EngineFactory = Callable[[Profile, Path, threading.Event], ArmEngine]
+
+class EngineFactory(Protocol):
+    """An arm's engine, not started: `switchable` when the arms after it may share it."""
+
+    def __call__(
+        self, profile: Profile, folder: Path, stop_event: threading.Event, *, switchable: bool
+    ) -> ArmEngine: ...
+
+
 SessionFactory = Callable[[], AbstractContextManager[Session]]
 
 
 def vllm_engines(settings: Settings) -> EngineFactory:
     """The real engine factory: vLLM with the profile's settings, in the arm's folder."""
 
-    def start(profile: Profile, folder: Path, stop_event: threading.Event) -> ArmEngine:
-        return Engine(profile, folder, python=settings.engine_python, stop_event=stop_event)
+    def start(profile: Profile, folder: Path, stop_event: threading.Event, *, switchable: bool) -> ArmEngine:
+        return Engine(profile, folder, python=settings.engine_python, stop_event=stop_event, switchable=switchable)
 
     return start
 

@@ -1,11 +1,12 @@
 """The mutation matrix: which suite catches which kernel mutant, at how many prompts, in how long.
 
 A mutation batch is one run per profile whose first arm is ``fixed`` and whose other arms are
-the mutants, on the profile's suites, labelled ``mutation_batch=<id>``: every mutant arm is
+the mutants, on the profile's suites, recorded as a batch (``service.runs.batches``; the run also
+carries the label ``mutation_batch=<id>``, which no trigger may set): every mutant arm is
 judged against the one ``fixed`` arm, so the control's engine starts once for the whole batch
-(an arm whose engine dies does not stop the others). The matrix is computed from
-the stored runs alone (read-only), so the API, the CLI and the dashboard render the same
-document. A cell is ``caught`` when the mutant arm's verdict for that suite is ``fail`` (the
+(an arm whose engine dies does not stop the others). The matrix is computed from the stored
+runs alone, once when the batch's run ends, so the API, the CLI and the dashboard render the
+same stored document. A cell is ``caught`` when the mutant arm's verdict for that suite is ``fail`` (the
 drift suite judges the candidate arm against the control arm's floor; GSM8k by its baseline
 and paired McNemar against the control arm), ``died`` when the mutant arm's engine died (a
 crash is seen too), ``missed`` when the arm was judged and did not fail, and ``error`` or
@@ -27,12 +28,12 @@ from sqlalchemy.orm import Session
 
 from evals import suites as suite_registry
 from evals.verdict import _SEVERITY, judge_ab
+from kernels import mutants as catalogue
 from kernels.mutants import MUTANTS
 from service.db.models import Run, SuiteResult
 from service.profiles import ArmSpec, Profile, RunOverrides
 from service.runs import queue, store
 from service.runs.admission import admit
-from service.runs.queries import label_is
 from service.runs.state import FINAL
 
 BATCH_LABEL = "mutation_batch"
@@ -65,6 +66,10 @@ class MutationMatrix(BaseModel):
 
     profile: str
     batch: str | None
+    started_by: str | None = Field(None, description="Who started the batch (`kvcanary mutants`)")
+    started_role: str | None = Field(None, description="admin, host (the CLI on the service's host) or scheduler")
+    started_at: datetime | None = None
+    settled_at: datetime | None = Field(None, description="When the matrix was computed: its run's end; null: not yet")
     suites: list[str]
     rows: list[MatrixRow]
     caught: int = Field(description="Mutants seen (caught or died) by at least one suite")
@@ -82,7 +87,7 @@ def run_request(
     that make the mutants' conditions reachable added to the profile's (fixed must pass them all).
     A mutant named twice is one arm."""
     mutants = list(dict.fromkeys(mutants))
-    needed = [canary for mutant in mutants for canary in MUTANTS[mutant].canaries]
+    needed = [canary for mutant in mutants for canary in catalogue.canaries(mutant)]
     canaries = list(dict.fromkeys([*profile_canaries, *needed]))
     body: dict[str, Any] = {
         "profile": profile,
@@ -120,16 +125,6 @@ def enqueue_batch(
     return run.id
 
 
-def _latest_batch(session: Session, profile: str) -> str | None:
-    found = session.scalar(
-        select(Run.labels[BATCH_LABEL].as_string())
-        .where(Run.profile == profile, Run.labels[BATCH_LABEL].as_string().is_not(None))
-        .order_by(Run.id.desc())
-        .limit(1)
-    )
-    return str(found) if found else None
-
-
 def _turned_at(session: Session, run: Run, mutant: str, suite: str, metrics: Sequence[str]) -> tuple[int | None, int]:
     """(fewest items whose paired judgement fails over any metric, items both arms ran)."""
     compares = suite_registry.get(suite).compares_outputs
@@ -155,7 +150,9 @@ def _turned_at(session: Session, run: Run, mutant: str, suite: str, metrics: Seq
     return fewest, shared
 
 
-def _cells(session: Session, run: Run, mutant: str, suites: Sequence[str]) -> dict[str, MatrixCell]:
+def _cells(
+    session: Session, run: Run, mutant: str, suites: Sequence[str], turning_points: bool
+) -> dict[str, MatrixCell]:
     results = session.scalars(select(SuiteResult).where(SuiteResult.run_id == run.id, SuiteResult.arm == mutant)).all()
     timings = run.timings or {}
     finished = run.status in {s.value for s in FINAL}
@@ -167,7 +164,10 @@ def _cells(session: Session, run: Run, mutant: str, suites: Sequence[str]) -> di
         seconds = timings.get(f"{mutant}.{suite}_s")
         if judged:
             worst = max((str(r.verdict) for r in judged), key=lambda v: _SEVERITY.get(v, 0))  # as run_verdict ranks
-            turned, items = _turned_at(session, run, mutant, suite, [r.metric for r in judged])
+            if turning_points:
+                turned, items = _turned_at(session, run, mutant, suite, [r.metric for r in judged])
+            else:  # the run has not ended: no prefix search yet, the items its results counted
+                turned, items = None, max(r.n for r in judged)
             state: CellState = "caught" if worst == "fail" else "missed"
             cells[suite] = MatrixCell(
                 suite=suite, state=state, verdict=worst, turned_at=turned, items=items, unit=unit, seconds=seconds
@@ -178,22 +178,26 @@ def _cells(session: Session, run: Run, mutant: str, suites: Sequence[str]) -> di
     return cells
 
 
-def latest_matrix(session: Session, profile: str, suites: Sequence[str] = ()) -> MutationMatrix:
-    """The matrix of the profile's newest mutation batch (empty rows where none was run).
+def compute_matrix(
+    session: Session,
+    profile: str,
+    batch: str,
+    run_id: int | None,
+    suites: Sequence[str] = (),
+    turning_points: bool = True,
+) -> MutationMatrix:
+    """The matrix of one batch's run (empty rows where it is gone). ``turning_points``: search each
+    caught cell's fewest items (quadratic in the items: done once, when the run ends).
 
     ``suites`` orders the columns (the profile's suites); suites seen only in stored results
     are added after them.
     """
-    batch = _latest_batch(session, profile)
     runs: dict[str, Run] = {}
-    if batch is not None:
-        dialect = session.get_bind().dialect.name
-        for run in session.scalars(
-            select(Run).where(Run.profile == profile, label_is(dialect, BATCH_LABEL, batch)).order_by(Run.id)
-        ):
-            for arm in run.arms or []:
-                if arm["variant"] != CONTROL and not arm.get("engine"):
-                    runs[arm["variant"]] = run  # a later run of the same mutant replaces an earlier one
+    run = session.get(Run, run_id) if run_id is not None else None
+    if run is not None:
+        for arm in run.arms or []:
+            if arm["variant"] != CONTROL and not arm.get("engine"):
+                runs[arm["variant"]] = run
     columns = list(suites)
     if runs:
         stored = session.scalars(
@@ -205,15 +209,15 @@ def latest_matrix(session: Session, profile: str, suites: Sequence[str] = ()) ->
         if name not in runs:
             continue
         run = runs[name]
-        known = MUTANTS.get(name)
+        condition, served = catalogue.described(name)
         rows.append(
             MatrixRow(
                 mutant=name,
                 run_id=run.id,
                 status=run.status,
-                cells=_cells(session, run, name, columns),
-                condition=known.condition if known else "not in this catalogue",
-                served=known.served if known else "",
+                cells=_cells(session, run, name, columns, turning_points),
+                condition=condition,
+                served=served,
             )
         )
     finals = {s.value for s in FINAL}
@@ -239,6 +243,12 @@ def _cell_text(cell: MatrixCell | None) -> str:
     return cell.state
 
 
+def _origin(matrix: MutationMatrix) -> str:
+    if matrix.started_at is None:
+        return ""
+    return f" (started by {matrix.started_by} ({matrix.started_role}) at {matrix.started_at:%Y-%m-%d %H:%M} UTC)"
+
+
 def markdown(matrices: Sequence[MutationMatrix]) -> str:
     """One Markdown table, mutant x (profile, suite), as docs/mutants.md quotes it."""
     columns = [(m, suite) for m in matrices for suite in m.suites]
@@ -260,7 +270,7 @@ def markdown(matrices: Sequence[MutationMatrix]) -> str:
             )
             continue
         lines.append(
-            f"\n{matrix.profile}: batch {matrix.batch}, {matrix.caught} of {len(matrix.rows)} mutants seen "
-            f"by at least one suite; {matrix.judged} of {len(matrix.rows)} judged (their run ended)"
+            f"\n{matrix.profile}: batch {matrix.batch}{_origin(matrix)}, {matrix.caught} of {len(matrix.rows)} "
+            f"mutants seen by at least one suite; {matrix.judged} of {len(matrix.rows)} judged (their run ended)"
         )
     return "\n".join(lines).lstrip("\n")

@@ -16,7 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 import httpx
 
 from service.profiles import Profile
-from service.runs.mutation import MutationMatrix, enqueue_batch, latest_matrix, run_request
+from service.runs.batches import latest_matrix, start_batch
+from service.runs.gate_grade import HOST
+from service.runs.mutation import MutationMatrix
 from service.settings import Settings
 
 FINAL_STATUSES = ("passed", "failed", "error", "cancelled")
@@ -44,7 +46,8 @@ def run_here(
     worker_id = new_worker_id()
     with session_scope(url) as session:
         baselines.seed_from_profiles(session, dict(profiles))
-        queued = [(profile.name, enqueue_batch(session, profile, mutants, batch, labels, by)) for profile in selected]
+        records = [start_batch(session, profile, mutants, batch, labels, by, HOST) for profile in selected]
+        queued = [(record.profile, record.run_id) for record in records if record.run_id is not None]
     against = ", ".join(mutants)
     for name, run_id in queued:
         began = time.monotonic()
@@ -68,21 +71,17 @@ def run_remote(
     timeout_s: float,
     poll_s: float,
 ) -> list[MutationMatrix]:
-    """POST each profile's run to the service, wait for all of them, read the matrices."""
-    known = {p["name"]: p for p in client.get("/api/v1/profiles").raise_for_status().json()}
-    missing = [name for name in selected if name not in known]
-    if missing:
-        raise RuntimeError(f"the service has no profile {', '.join(missing)}; it has {', '.join(sorted(known))}")
-    ids = []
+    """Start the batch on the service (`POST /api/v1/mutation-batches`, an admin token; resent with the
+    same batch id it queues nothing twice), wait for its runs, read the matrices."""
     against = ", ".join(mutants)
-    for name in selected:
-        body = run_request(name, known[name]["canaries"], mutants, batch, labels)
-        key = {"Idempotency-Key": f"kvcanary-mutants-{batch}-{name}"}
-        response = client.post("/api/v1/runs", json=body, headers=key)
-        if response.status_code >= 400:
-            raise RuntimeError(f"queueing {name} fixed vs {against}: {response.status_code} {response.text}")
-        ids.append(response.json()["id"])
-        print(f"run {ids[-1]} queued: {name} fixed vs {against}", file=sys.stderr)
+    body = {"batch": batch, "profiles": list(selected), "mutants": list(mutants), "labels": dict(labels)}
+    response = client.post("/api/v1/mutation-batches", json=body)
+    if response.status_code >= 400:
+        raise RuntimeError(f"starting batch {batch} (fixed vs {against}): {response.status_code} {response.text}")
+    ids = []
+    for record in response.json():
+        ids.append(record["run_id"])
+        print(f"run {ids[-1]} queued: {record['profile']} fixed vs {against}", file=sys.stderr)
     deadline = time.monotonic() + timeout_s
     waiting = list(ids)
     while waiting:

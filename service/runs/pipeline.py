@@ -2,7 +2,9 @@
 
 The same function serves the service's worker, `kvcanary run` and the Ray executor, so a
 run behaves identically wherever it executes. Each arm of a run (a kernel variant plus engine
-overrides: one, or several for an A/B run) has its own engine (`arm_execution.run_arm`). The
+overrides: one, or several for an A/B run) runs its suites on an engine (`arm_execution.run_arm`):
+consecutive arms whose engine arguments match share one, switched between them, unless the run
+asks for fresh engines (`shared_engines`). The
 run is a `RunContext`: the profile it executes is the one it stored when it was triggered, and
 every write checks that the run is still this worker's (`RunContext.owned`); once it is not,
 the attempt ends `interrupted` and writes nothing more.
@@ -16,15 +18,18 @@ from collections.abc import Mapping
 from sqlalchemy.orm import Session
 
 from evals.suites.base import SuiteAborted, SuiteOutcome
+from service.arms import apply as apply_arm
 from service.arms import run_arms
 from service.db.models import Run
 from service.engine.death import EngineDied
 from service.engine.launcher import EngineStartError
 from service.private_files import private_dir
 from service.profiles import Profile
+from service.releases import settled
 from service.runs import scoring
 from service.runs.arm_execution import LOG_TAIL_CHARS, run_arm
 from service.runs.context import EngineFactory, RunContext, RunLost, refuse
+from service.runs.shared_engines import ArmEngines
 from service.runs.state import Status, transition
 from service.runs.watch import RunCancelled, Watcher
 from service.settings import Settings
@@ -40,12 +45,15 @@ def run_claimed(
     engines: EngineFactory | None = None,
 ) -> str:
     """Open the context of a run `worker_id` claimed and execute it; a run that cannot execute
-    here (its stored profile no longer validates, this host lacks its GPUs) ends `error`."""
+    here (its stored profile no longer validates, this host lacks its GPUs) ends `error`. What is
+    computed once from an ended run (a mutation batch's matrix) is computed after its last write."""
     try:
         context = RunContext.open(run_id, settings, profiles, worker_id, engines)
     except Exception as exc:
         return refuse(run_id, settings, worker_id, exc)
-    return execute(context)
+    status = execute(context)
+    settled.settle(settings.resolved_database_url(), run_id, settings.release_label, settings.release_gate_roles)
+    return status
 
 
 def execute(context: RunContext) -> str:
@@ -80,15 +88,25 @@ def _execute(context: RunContext, watcher: Watcher) -> str:
     arms = [spec.name for spec in specs]
     outcomes: dict[tuple[str, str], SuiteOutcome] = {}
     deaths: list[EngineDied] = []
-    for spec in specs:
-        try:
-            run_arm(context, spec, arms[0] if spec.name != arms[0] else None, watcher, outcomes)
-        except EngineDied as death:
-            if len(arms) == 1:
-                raise
-            deaths.append(death)
-            context.event("arm_error", str(death))
-            context.update(log_tail=death.log_tail[-LOG_TAIL_CHARS:], timings=dict(context.timings))
+    engines = ArmEngines(
+        [(spec.name, apply_arm(context.profile, spec)) for spec in specs],
+        context.engines,
+        context.run_dir,
+        watcher.stop_event,
+        context.event,
+    )
+    try:
+        for arm in arms:
+            try:
+                run_arm(context, engines, arm, arms[0] if arm != arms[0] else None, watcher, outcomes)
+            except EngineDied as death:
+                if len(arms) == 1:
+                    raise
+                deaths.append(death)
+                context.event("arm_error", str(death))
+                context.update(log_tail=death.log_tail[-LOG_TAIL_CHARS:], timings=dict(context.timings))
+    finally:
+        engines.close()
     if len(deaths) == len(arms):
         raise deaths[0]
     context.update(Status.SCORING, "suites done", timings=dict(context.timings), engine_pid=None)

@@ -11,12 +11,17 @@ from collections.abc import Mapping
 from typing import Any
 
 import psutil
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, case, func, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session, aliased
 
 from service.db.models import Run, RunEvent, utcnow
 from service.runs.state import ACTIVE, Status, transition
+
+
+def key_used(session: Session, idempotency_key: str) -> bool:
+    """Whether a run was queued with this (caller-scoped) Idempotency-Key."""
+    return session.scalar(select(Run.id).where(Run.idempotency_key == idempotency_key)) is not None
 
 
 def enqueue(
@@ -70,9 +75,19 @@ def enqueue(
     return run, True
 
 
+def in_turn() -> tuple[ColumnElement[Any] | InstrumentedAttribute[int], ...]:
+    """The order queued runs start in: callers take turns. The caller (`triggered_by`: a token's
+    name, a schedule, the CLI) whose last run started longest ago, or never, goes first, with its
+    oldest queued run; so one caller's backlog of 500 runs never holds another's next run back."""
+    earlier = aliased(Run)
+    last_start = select(func.max(earlier.started_at)).where(earlier.triggered_by == Run.triggered_by).scalar_subquery()
+    return case((last_start.is_(None), 0), else_=1), last_start, Run.id
+
+
 def claim_next(session: Session, worker_id: str, run_id: int | None = None) -> Run | None:
-    """Atomically take the oldest queued run (or run `run_id`) for `worker_id`; None if there is none."""
-    candidate = select(Run.id).where(Run.status == Status.QUEUED.value).order_by(Run.id).limit(1)
+    """Atomically take the next queued run in turn (`in_turn`), or run `run_id`, for `worker_id`;
+    None if there is none."""
+    candidate = select(Run.id).where(Run.status == Status.QUEUED.value).order_by(*in_turn()).limit(1)
     if run_id is not None:
         candidate = candidate.where(Run.id == run_id)
     if session.get_bind().dialect.name == "postgresql":

@@ -124,8 +124,9 @@ def _asked(resources: dict[str, float]) -> str:
     return f"handed to Ray, asking for {resources['num_gpus']:g} GPU(s) and {resources['num_cpus']:g} CPU(s)"
 
 
-def _oldest_queued(session: Session) -> Run | None:
-    return session.scalar(select(Run).where(Run.status == Status.QUEUED.value).order_by(Run.id).limit(1))
+def _next_queued(session: Session) -> Run | None:
+    """The queued run that starts next, callers in turn (`service.runs.queue.in_turn`)."""
+    return session.scalar(select(Run).where(Run.status == Status.QUEUED.value).order_by(*queue.in_turn()).limit(1))
 
 
 def serialize_claims(session: Session) -> None:
@@ -255,7 +256,7 @@ class RayDispatcher:
         return unplaceable(need, nodes) is not None
 
     def _claim(self) -> None:
-        """Claim the oldest queued run when no handed-over run still waits for its node.
+        """Claim the next queued run in turn when no handed-over run still waits for its node.
 
         Ray reports free resources late, so two replicas (or one, twice) could both see room
         for one run; deciding under one lock, and only once the last run handed over has
@@ -264,19 +265,19 @@ class RayDispatcher:
         hand-over holds the others back until the queue's recovery re-queues that run.
         """
         with session_scope(self.url, write=False) as session:
-            if _oldest_queued(session) is None or dispatch_pending(session):
+            if _next_queued(session) is None or dispatch_pending(session):
                 return
         free, nodes = self._ray.available_resources(), self._ray.nodes()
         with session_scope(self.url) as session:
             serialize_claims(session)
-            oldest = _oldest_queued(session)
-            if oldest is None or dispatch_pending(session):
+            following = _next_queued(session)
+            if following is None or dispatch_pending(session):
                 return
-            profile = sizing_profile(oldest, self.profiles)
+            profile = sizing_profile(following, self.profiles)
             resources = task_resources(profile)
             if not self._room_for(resources, free, nodes):
                 return
-            run = queue.claim_next(session, self.worker_id, oldest.id)  # the run just sized, not a later one
+            run = queue.claim_next(session, self.worker_id, following.id)  # the run just sized, not a later one
             if run is None:
                 return
             run_id = run.id

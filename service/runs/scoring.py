@@ -15,8 +15,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from evals import suites as suite_registry
+from evals.records import MetricValue, Sample
 from evals.suites import shown
-from evals.suites.base import MetricValue, Sample, SuiteOutcome
+from evals.suites.base import SuiteOutcome
 from evals.verdict import Baseline, MetricJudgement, judge_ab, run_verdict
 from service.arms import arm_verdicts
 from service.arms import outcome as expectation_outcome
@@ -49,13 +50,7 @@ def baseline_for(session: Session, profile: str, suite: str, metric: str) -> tup
     )
     if row is None:
         return None, None
-    baseline = Baseline(
-        value=row.value,
-        direction="lower" if row.direction == "lower" else "higher",
-        tolerance_kind="relative" if row.tolerance_kind == "relative" else "absolute",
-        tolerance=row.tolerance,
-        source=row.source,
-    )
+    baseline = Baseline.stored(row.value, row.direction, row.tolerance_kind, row.tolerance, row.source)
     return baseline, row.reference_run_id
 
 

@@ -12,8 +12,8 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from evals import suites as suite_registry
-from evals.suites.base import MetricValue
-from evals.suites.base import Sample as SuiteSample
+from evals.records import MetricValue
+from evals.records import Sample as SuiteSample
 from evals.verdict import MetricJudgement
 from service.db.models import Run, SuiteResult
 from service.db.models import Sample as SampleRow

@@ -26,6 +26,7 @@ from service.db.session import session_scope
 from service.profiles import Profile, ScheduleSpec
 from service.runs import queue
 from service.runs.admission import RunRefused, admit
+from service.runs.gate_grade import SCHEDULER, stamp
 from service.runs.state import ACTIVE, Status
 from service.scheduling import cron
 from service.scheduling.schemas import ScheduleOut, ScheduleUpdate
@@ -192,6 +193,7 @@ def _queue_run(
         max_attempts=profile.max_attempts,
         profile_snapshot=admitted.snapshot(),
     )
+    stamp(run, SCHEDULER, "")  # the profile's own schedule block: the profile as defined
     return run.id, ""
 
 
@@ -218,12 +220,31 @@ def fire(
             record.skipped_reason = _blocker(session, schedule, profiles)
             if not record.skipped_reason:
                 record.run_id, record.skipped_reason = _queue_run(session, schedule, profiles, triggered_by)
+            if record.skipped_reason:
+                _coalesce(session, record)
             schedule.last_fire_at = max(fire_time, schedule.last_fire_at or fire_time)
             schedule.next_fire_at = _next_fire(schedule, clock())
             return Fired(schedule.name, fire_time, record.run_id, record.skipped_reason)
     except IntegrityError:
         _move_past(url, schedule_id, fire_time, clock())
         return None
+
+
+def _coalesce(session: Session, record: ScheduleFire) -> None:
+    """Fold the fire before `record` into it when both were skipped for the same reason: a run of
+    identical skips is one row (`skipped_fires` of them, from `first_fire_time`), so a schedule
+    that fires every second while its last run is unfinished does not write a row a second."""
+    previous = session.scalar(
+        select(ScheduleFire)
+        .where(ScheduleFire.schedule_id == record.schedule_id, ScheduleFire.fire_time < record.fire_time)
+        .order_by(ScheduleFire.fire_time.desc())
+        .limit(1)
+    )
+    if previous is None or previous.run_id is not None or previous.skipped_reason != record.skipped_reason:
+        return
+    record.skipped_fires = previous.skipped_fires + 1
+    record.first_fire_time = previous.first_fire_time or previous.fire_time
+    session.delete(previous)
 
 
 def _move_past(url: str, schedule_id: int, fire_time: datetime, now: datetime) -> None:

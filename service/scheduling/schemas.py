@@ -18,6 +18,8 @@ class FireOut(BaseModel):
     run_id: int | None
     skipped_reason: str
     created_at: datetime
+    skipped_fires: int = Field(1, description="Fires this row stands for: a run of skips for one reason is one row")
+    first_fire_time: datetime | None = Field(None, description="The first of those skipped fires, when more than one")
 
     @classmethod
     def of(cls, row: ScheduleFire) -> FireOut:

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from evals.kinds.accuracy import judge_accuracy
 from evals.kinds.wer import judge_wer
+from evals.verdict import Baseline
 from service.db.models import Baseline as BaselineRow
 from service.db.models import Run, utcnow
 from service.db.session import session_scope
@@ -30,7 +31,6 @@ from tests.browser.seed import (
     GSM8K,
     GSM8K_BASELINE,
     STRICT,
-    WER_BASELINE,
     WHISPER,
     WORSE_UTTERANCE,
     _answer,
@@ -44,9 +44,11 @@ KEY = "vllm_version"
 PREVIOUS, BLOCKED, PARTIAL = "0.24.0", "0.25.0", "0.25.1"
 HOSTILE = "0.26.0rc1+<b>bold</b>|*x*&amp;\"q'/?#%20"
 REQUIRED = (GSM8K, WHISPER)
-ITEMS = 60
-COLLAPSED_FROM = 30  # in BLOCKED, every item from here on is wrong
+ITEMS = 240  # enough for 0.857 to pass the 0.7911 line: an inconclusive run is no pass
+COLLAPSED_FROM = 120  # in BLOCKED, every item from here on is wrong
 UTTERANCES = 12
+# Wide enough that 12 utterances decide (pass): an inconclusive run is no pass for a required profile.
+WER_BASELINE = Baseline(0.045, "lower", "absolute", 0.1, "whisper-large-v3, a release-gate pass line")
 
 
 @dataclass
@@ -125,7 +127,7 @@ def seed_releases(database_url: str) -> SeededReleases:
                 runs[FILLER] = _whisper(session, release, at + 3, profile=FILLER).id
             seeded.runs[release] = runs
         queued = Run(
-            profile=WHISPER, status="queued", trigger="manual", triggered_by="release-manager",
+            profile=WHISPER, status="queued", trigger="manual", triggered_by="release-manager", triggered_role="admin",
             labels={KEY: PARTIAL}, created_at=utcnow() - timedelta(minutes=5),
         )  # fmt: skip
         session.add(queued)

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from evals import suites
 from evals.kinds.accuracy import judge_accuracy
 from evals.kinds.wer import judge_wer
-from evals.suites.base import MetricValue, Sample
+from evals.records import MetricValue, Sample
 from evals.verdict import Baseline, MetricJudgement, run_verdict
 from service.db.models import Baseline as BaselineRow
 from service.db.models import Run, utcnow
@@ -116,6 +116,7 @@ def _finished(profile: str, at: datetime, trigger: str, sha: str, minutes: float
         status="passed",
         trigger=trigger,
         triggered_by="github-actions" if trigger == "ci" else "scheduler",
+        triggered_role="ci" if trigger == "ci" else "scheduler",
         labels={"git_sha": sha, "vllm_version": "0.24.0", "build_url": f"https://ci.example.com/build/{sha}"},
         created_at=at,
         started_at=at + timedelta(seconds=20),
@@ -294,6 +295,7 @@ def seed(database_url: str) -> Seeded:
             status="running",
             trigger="ci",
             triggered_by="github-actions",
+            triggered_role="ci",
             labels={"git_sha": "d00d1e5", "vllm_version": "0.24.1"},
             created_at=now - timedelta(minutes=3),
             started_at=now - timedelta(minutes=2),
@@ -309,6 +311,7 @@ def seed(database_url: str) -> Seeded:
             status="queued",
             trigger="manual",
             triggered_by="release-manager",
+            triggered_role="admin",
             labels={"git_sha": "d00d1e5"},
             created_at=now - timedelta(minutes=1),
         )

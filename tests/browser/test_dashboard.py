@@ -9,11 +9,11 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
+from evals.numbers import format_number
 from service.auth import Role
 from service.db.migrate import upgrade
 from service.db.models import Run
 from service.db.session import session_scope
-from service.numbers import format_number
 from service.runs import store
 from tests.browser.conftest import Dashboard, Shoot, start_dashboard
 from tests.browser.seed import FLIP_DOWN, FLIP_UP, GSM8K, GSM8K_BASELINE, WHISPER, WORSE_UTTERANCE, seed, set_progress

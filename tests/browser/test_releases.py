@@ -12,6 +12,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from service.db.migrate import upgrade
+from service.schemas import MAX_LABEL_VALUE
 from tests.browser.conftest import Shoot, start_dashboard
 from tests.browser.release_seed import BLOCKED, HOSTILE, KEY, PARTIAL, PREVIOUS, REQUIRED, SeededReleases, seed_releases
 from tests.browser.seed import GSM8K, WHISPER
@@ -67,14 +68,14 @@ def test_a_release_with_one_failing_required_profile_reads_blocked_and_names_it(
     expect(gsm8k).to_have_attribute("data-outcome", "failed")
     expect(whisper).to_have_attribute("data-outcome", "passed")
     expect(gsm8k.locator('tr.outcome[data-metric="gsm8k.strict-match"] .badge')).to_have_text("fail")
-    expect(gsm8k.locator(".reason")).to_contain_text("gsm8k.strict-match 0.4167 (pass line 0.7911)")
+    expect(gsm8k.locator(".reason")).to_contain_text("gsm8k.strict-match 0.4250 (pass line 0.7911)")
     expect(gsm8k.locator("td.change")).to_contain_text(f"{releases.seeded.blocked_flips} right→wrong")
     shoot(page, "release-blocked")
     gsm8k.locator("a.diff-link").click()
     before, after = releases.seeded.runs[PREVIOUS][GSM8K], releases.seeded.runs[BLOCKED][GSM8K]
     expect(page).to_have_url(re.compile(rf"/compare/{before}/{after}$"))
     expect(page.locator("h1")).to_have_text("Compare runs")
-    expect(page.locator("main")).to_contain_text("gsm8k-0030")  # right in the previous release, wrong here
+    expect(page.locator("main")).to_contain_text("gsm8k-0120")  # right in the previous release, wrong here
     assert console_errors == []
 
 
@@ -139,4 +140,44 @@ def test_the_profile_page_draws_each_metric_over_releases(
     expect(charts.first.locator(".legendtext", has_text="baseline")).to_have_count(1)
     charts.first.scroll_into_view_if_needed()
     shoot(page, "profile-by-release")
+    assert console_errors == []
+
+
+LONG_KEY = "build_tag"
+
+
+def test_a_512_character_release_value_keeps_the_index_columns(
+    page: Page, releases: Releases, console_errors: list[str], shoot: Shoot
+) -> None:
+    """One release value of 512 characters without a space once pushed every other column of the
+    index off the screen and made its row a screen high; it is shortened, whole on hover."""
+    from service.db.models import Run, utcnow
+    from service.db.session import session_scope
+
+    long_value = "0.99.0+" + "x" * (MAX_LABEL_VALUE - 7)
+    with session_scope(releases.service.database_url) as session:
+        for value in ("short-1", long_value):
+            session.add(
+                Run(
+                    profile=GSM8K, status="passed", trigger="ci", triggered_by="ci", triggered_role="ci",
+                    labels={LONG_KEY: value}, created_at=utcnow(), verdict="pass",
+                )
+            )  # fmt: skip
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(f"/releases?key={LONG_KEY}")
+    table = page.locator("#releases")
+    expect(table).to_be_visible()
+    assert (table.bounding_box() or {"width": 1e9})["width"] <= 1280, "the table fits the window"
+    for header in page.locator("#releases thead th").all():
+        box = header.bounding_box()
+        assert box is not None and box["width"] > 30 and box["x"] + box["width"] <= 1280, header.inner_text()
+    long_row = page.locator(f'#releases tr[data-release="{long_value}"]')
+    short_row = page.locator('#releases tr[data-release="short-1"]')
+    long_box, short_box = long_row.bounding_box(), short_row.bounding_box()
+    assert long_box is not None and short_box is not None
+    assert long_box["height"] < 3 * short_box["height"], "the long row is not a screen high"
+    link = long_row.locator("td.release-value a")
+    expect(link).to_have_attribute("title", long_value)
+    assert len(link.inner_text()) <= 48
+    shoot(page, "releases-index-512-character-value")
     assert console_errors == []

@@ -8,7 +8,7 @@ import pytest
 
 from evals import suites
 from evals.kinds import corpus
-from evals.suites.base import Sample
+from evals.records import Sample
 from evals.verdict import Baseline
 
 BLEU = "kvcanary_arith_bleu:bleu,none"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from evals.kinds.accuracy import correct_flags, diff_accuracy
 from evals.kinds.wer import diff_wer, word_errors
-from evals.suites.base import Sample
+from evals.records import Sample
 
 
 def _answer(key: str, right: bool, response: str) -> Sample:

@@ -12,8 +12,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "gpu"))
 from drift_calibration import Comparison, Fixture, _floor_as_candidate, arm_profile, honest_difference, plan, table
 
 from evals.logprob_drift import PromptDrift
+from evals.records import Sample
 from evals.suites import drift
-from evals.suites.base import Sample
 
 
 def _sample(key: str, kl: float, floor_kl: float = 0.0, drift_row: bool = True) -> Sample:

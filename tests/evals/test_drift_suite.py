@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from evals import fixtures
+from evals.records import Sample
 from evals.suites import drift
-from evals.suites.base import Sample, SuiteAborted, SuiteContext
+from evals.suites.base import SuiteAborted, SuiteContext
 from evals.verdict import MetricJudgement, judge_ab
 from service.engine import Engine
 from tests.conftest import CanaryEngine, MakeProfile

@@ -14,8 +14,9 @@ import pytest
 from pydantic import ValidationError
 
 from evals.fixtures.gsm8k_data import FEWSHOT_FILE, TEST_FILE, read_jsonl
+from evals.records import Sample
 from evals.suites import gsm8k
-from evals.suites.base import Sample, SuiteAborted, SuiteContext
+from evals.suites.base import SuiteAborted, SuiteContext
 from service.engine import Engine
 
 FILTERS = {"strict-match", "flexible-extract"}

@@ -51,7 +51,7 @@ def test_ab_run_builds_every_condition_judges_both_arms_and_names_the_skips(
         # Long context is built for the shorter prompts only, fewer than the 8 a verdict needs: that
         # condition, and so the suite, stays inconclusive and says why; every other condition passes.
         assert judged[arm].verdict == "inconclusive", text
-        assert "INCONCLUSIVE" in text and "under long context the prompts were too few" in text, text
+        assert "INCONCLUSIVE" in text and "Under long context the prompts were too few" in text, text
         for label in ("decode vs prefill (pass", "batch composition (pass", "prefix-cache hits (pass",
                       "a family sharing a cached few-shot prefix (pass", "long context (inconclusive"):  # fmt: skip
             assert label in text, text
@@ -59,6 +59,7 @@ def test_ab_run_builds_every_condition_judges_both_arms_and_names_the_skips(
         assert "long context for " in text and "too long for a preamble" in text
     assert "the engine change between arms (pass" in judged[CHUNKED].explanation
     assert "engine change between arms" not in judged[CONTROL].explanation  # the control compares with nothing
+    assert "its engine arguments differ from the control's" in judged[CHUNKED].explanation
     skipped = [key for key, s in control.items() if "skipped" in s.data["conditions"]["long_context"]]
     assert 0 < len(skipped) < len(control)
     for sample in control.values():
@@ -70,7 +71,12 @@ def test_ab_run_builds_every_condition_judges_both_arms_and_names_the_skips(
         assert rows["decode_prefill"]["positions"] == 8 and sample.data["finite"]
     for sample in candidate.values():
         assert sample.data["control"] == control[sample.key].data["teacher"]["tokens"]
+        # an engine arm: judged by its floors alone, with the control's rows kept for a re-judgement
+        assert sample.data["engine_change"] == {"max_num_batched_tokens": [None, 64]}
+        ours, theirs = sample.data["conditions"]["batch"], control[sample.key].data["conditions"]["batch"]
+        assert ours["control"] == {"drift": theirs["drift"], "floor": theirs["floor"]}
         assert sample.data["conditions"]["arm"]["positions"] == sample.data["prompt_len"] + 8 - 1
+    assert all(s.data["engine_change"] is None for s in control.values())
     [suite] = diff.suites
     assert suite.kind == "invariance" and suite.invariance is not None and suite.invariance.matched == 8
     assert {c.condition for c in suite.invariance.conditions} >= {"batch", "prefix_hit", "decode_prefill"}

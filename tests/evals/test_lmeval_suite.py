@@ -17,7 +17,10 @@ import pytest
 from evals.fixtures.gsm8k_data import TEST_FILE, read_jsonl
 from evals.suites import lmeval
 from evals.suites.base import SuiteAborted
+from evals.verdict import Baseline
 from service.engine import Engine
+from service.profiles import Profile, load_profile
+from service.settings import PACKAGED_PROFILES
 from tests.evals.test_gsm8k_suite import Recorder
 
 MC, FINAL = "kvcanary_arith_mc", "kvcanary_arith_final"
@@ -133,3 +136,40 @@ def test_a_corpus_metric_is_judged_by_resampling_items(gsm8k_engine: Engine, tmp
     judged = kind.judge(lmeval.NAME, metric.name, records, None, records)
     assert judged.value == pytest.approx(metric.value) and 0 < judged.value <= 100  # lm-eval's own corpus BLEU
     assert judged.verdict == "pass" and judged.details["matched"] == 20
+
+
+EXAMPLE = "lm-eval-arith-tiny-cpu"
+
+
+def example_profile() -> Profile:
+    return load_profile(PACKAGED_PROFILES / f"{EXAMPLE}.yaml")
+
+
+def test_the_example_profile_runs_a_shipped_task_without_a_hub() -> None:
+    """The shipped example of an lm-eval task by profile names only tasks whose data the project
+    ships: lm-eval's own task index (whose tasks fetch data from a hub) is never needed."""
+    profile = example_profile()
+    (entry,) = profile.suites
+    suite_config = entry.config()
+    assert entry.suite == lmeval.NAME and isinstance(suite_config, lmeval.LmEvalConfig)
+    manager = lmeval.task_manager(suite_config)
+    assert "arc_easy" not in manager.all_tasks  # the local index only
+    (task,) = suite_config.tasks
+    assert len(manager.load([task.name])["tasks"][task.name].test_docs()) >= (suite_config.limit or 0)
+    assert set(profile.baselines[lmeval.NAME]) <= set(suite_config.metric_names())
+
+
+@pytest.mark.engine
+def test_the_example_profile_passes_its_baselines_on_the_fixture(gsm8k_engine: Engine, tmp_path: Path) -> None:
+    from evals import suites
+
+    profile = example_profile()
+    (entry,) = profile.suites
+    outcome = lmeval.run(Recorder().context(gsm8k_engine, entry.config(), tmp_path))
+    samples = {s.key: s for s in outcome.samples}
+    for name, spec in profile.baselines[lmeval.NAME].items():
+        kind = suites.metric_kind(lmeval.NAME, name)
+        baseline = Baseline.stored(spec.value, spec.direction, spec.tolerance.kind, spec.tolerance.value)
+        judged = kind.judge(lmeval.NAME, name, kind.scores(samples, name), baseline)
+        print(f"{name}: {judged.value} ({judged.n} items) {judged.verdict}")
+        assert judged.verdict == "pass" and judged.n == profile.suites[0].config().limit, judged.explanation

@@ -9,7 +9,7 @@ import pytest
 from evals import suites
 from evals.kinds import mean
 from evals.kinds.accuracy import KIND as ACCURACY
-from evals.suites.base import Sample
+from evals.records import Sample
 from evals.verdict import Baseline
 
 F1 = "kvcanary_arith_f1:f1,none"

@@ -7,7 +7,7 @@ import pytest
 from evals import suites
 from evals.kinds.accuracy import KIND as ACCURACY
 from evals.kinds.wer import KIND as WER
-from evals.suites.base import Sample
+from evals.records import Sample
 
 
 def test_every_registered_suite_declares_a_kind_per_metric() -> None:

@@ -18,11 +18,13 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from evals import fixtures
 from evals.fixtures import speech, whisper_en_plugin, whisper_tiny
+from evals.fixtures.cache import cache_dir
 from evals.kinds import wer as kind
-from evals.suites.base import Sample, SuiteAborted, SuiteContext, SuiteOutcome
-from evals.suites.wer import DEFINITION, WerConfig, load_utterances, normalize
+from evals.kinds.wer import normalize
+from evals.records import Sample
+from evals.suites.base import SuiteAborted, SuiteContext, SuiteOutcome
+from evals.suites.wer import DEFINITION, WerConfig, load_utterances
 from service.engine import Engine
 from service.engine.launcher import free_port
 from tests.conftest import MakeProfile
@@ -30,7 +32,7 @@ from tests.conftest import MakeProfile
 
 @pytest.fixture(scope="module")
 def manifest() -> Path:
-    return speech.ensure_clips(fixtures.cache_dir() / "speech-clips")
+    return speech.ensure_clips(cache_dir() / "speech-clips")
 
 
 def _context(server_url: str, config: dict[str, Any], work_dir: Path, **fields: Any) -> SuiteContext:

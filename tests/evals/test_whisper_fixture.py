@@ -23,9 +23,9 @@ def checkpoint() -> Path:
 
 @pytest.fixture(scope="module")
 def manifest() -> Path:
-    from evals import fixtures
+    from evals.fixtures.cache import cache_dir
 
-    return speech.ensure_clips(fixtures.cache_dir() / "speech-clips")
+    return speech.ensure_clips(cache_dir() / "speech-clips")
 
 
 def _features(manifest: Path, clip: str, checkpoint: Path) -> np.ndarray:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from kernels import _import_hooks, _vllm_compat, vllm_plugin
-from kernels._adapters import make_adapter
+from kernels._adapters import Selection, make_adapter
 from kernels._vllm_compat import TARGETS, Target, UnsupportedVLLMError, check_version
 from kernels.canaries import KVPoisoner, describe_kv_caches, parse_canaries, reverse_free_order
 from kernels.receipt import read_receipts, write_receipt
@@ -27,12 +27,15 @@ from tests.kernels.conftest import cu_seqlens, nan_like, paged_cache, randn
 vllm = pytest.importorskip("vllm")
 
 
-def plugin(tmp_path: Path, variant: str = "fixed", canaries: str = "", allow: str = "0") -> vllm_plugin._Plugin:
+def plugin(
+    tmp_path: Path, variant: str = "fixed", canaries: str = "", allow: str = "0", switchable: bool = False
+) -> vllm_plugin._Plugin:
     env = {
         "KVCANARY_KERNEL_VARIANT": variant,
         "KVCANARY_CANARIES": canaries,
         "KVCANARY_RECEIPT_DIR": str(tmp_path / "receipts"),
         "KVCANARY_ALLOW_UNVERIFIED_VLLM": allow,
+        "KVCANARY_SWITCHABLE": "1" if switchable else "0",
     }
     config = vllm_plugin.PluginConfig.from_env(env)
     assert config is not None
@@ -183,6 +186,61 @@ def test_stock_leaves_every_name_alone(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert made.receipt()["execution_path"] == "stock kernels: nothing rebound"
 
 
+def test_a_switchable_engine_switches_variant_canaries_and_receipts_between_arms(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Started switchable on stock, the adapter is bound and calls vLLM's original; after a switch
+    it calls kvcanary's kernel with the new variant, reports its first call again, and the receipt
+    goes to the new arm's folder with the switch's generation. The KV cache is refilled at each
+    switch: NaN under nan_kv_tail, zeros without. high_block_ids cannot be switched."""
+    import vllm.v1.attention.backends.triton_attn as triton_attn
+
+    original = keep(monkeypatch, triton_attn, "unified_attention")
+    made = plugin(tmp_path, variant="stock", switchable=True)
+    made._on_backend_module(TARGETS[0], triton_attn)
+    adapter = triton_attn.unified_attention
+    assert adapter is not original and adapter.__wrapped__ is original
+    assert made.receipt()["execution_path"] == "stock kernels: the adapters call vLLM's originals"
+    cache = torch.zeros(4, 8)
+    made.poisoner._tensors, made.poisoner._num_blocks = [cache], 4
+    called: list[tuple[str, str]] = []
+
+    def kernel_stand_in(q: Any, *, variant: str) -> None:
+        called.append(("kernel", variant))
+
+    # an adapter over recording stand-ins, reading the plugin's selection as the bound one does
+    recorded = make_adapter(
+        "t", lambda q: called.append(("original", "stock")), kernel_stand_in, made.selection, lambda: None
+    )
+    recorded(1)
+    done = made.switch("legacy", ("nan_kv_tail",), tmp_path / "arm2" / "receipts", "legacy", 1)
+    recorded(1)
+    assert called == [("original", "stock"), ("kernel", "legacy")]
+    assert done["generation"] == 1 and done["kv_refill"] == "NaN" and done["kv_elements_refilled"] == 32
+    assert torch.isnan(cache).all()
+    [receipt] = read_receipts(tmp_path / "arm2" / "receipts")
+    assert (
+        receipt["variant"] == "legacy" and receipt["switch"]["generation"] == 1 and receipt["switch"]["arm"] == "legacy"
+    )
+    unified = receipt["rebound"]["vllm.v1.attention.backends.triton_attn.unified_attention"]
+    assert unified["to"] == "kernels.unified_attention.unified_attention (variant=legacy)"
+    assert "first_call_at" not in unified and receipt["canaries"]["applied"]["nan_kv_tail"]["at_switch"] == 1
+
+    made._observed(TARGETS[0].name)  # the adapter's first call under the new generation
+    assert read_receipts(tmp_path / "arm2" / "receipts")[0]["rebound"][TARGETS[0].name]["first_call_at"]
+    made.switch("fixed", (), tmp_path / "arm3" / "receipts", "fixed", 2)
+    assert not cache.any() and made.receipt()["canaries"]["applied"] == {}
+    with pytest.raises(ValueError, match="high_block_ids acts when the block pool is built"):
+        made.switch("fixed", ("high_block_ids",), tmp_path / "arm4" / "receipts", "fixed,x", 3)
+    with pytest.raises(ValueError, match="generation 2 is not after"):
+        made.switch("fixed", (), tmp_path / "arm4" / "receipts", "fixed,x", 2)
+
+
+def test_an_engine_started_for_one_arm_refuses_to_switch(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="without KVCANARY_SWITCHABLE=1"):
+        plugin(tmp_path).switch("legacy", (), tmp_path / "next", "legacy", 1)
+
+
 def _changed_module() -> tuple[types.ModuleType, Target]:
     """A backend module whose kernel grew a parameter, as a future vLLM's might."""
     module = types.ModuleType("future_backend")
@@ -238,7 +296,7 @@ def test_adapter_serves_vllm_call_with_kvcanary_kernel_and_variant(monkeypatch: 
             "triton_attn.unified_attention",
             vllm_unified,
             unified_attention,
-            variant,
+            Selection(variant),
             lambda v=variant: calls.append(v),
         )
         out = nan_like(q)
@@ -300,7 +358,7 @@ def test_adapter_drops_only_inert_arguments_the_kernel_lacks() -> None:
 
     def vllm_side(q: Any, rswa_window: int | None = None, chunk_lookback: int = -1) -> None: ...
 
-    adapter = make_adapter("t", vllm_side, older_kernel, "legacy", lambda: None)
+    adapter = make_adapter("t", vllm_side, older_kernel, Selection("legacy"), lambda: None)
     adapter(1, rswa_window=None, chunk_lookback=-1)
     assert seen == {"q": 1, "variant": "legacy"}
     with pytest.raises(NotImplementedError, match="rswa_window=128"):

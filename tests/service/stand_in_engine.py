@@ -3,10 +3,11 @@
 It is a stand-in, not the engine: an HTTP server in this process that answers the OpenAI
 completions requests of the real GSM8k suite (lm-eval's stock task on the committed fixture
 data) with each question's stored answer, a wrong one, or nothing, and that can fail to start
-or die after a number of answers. The tests that use it are about what the pipeline does
-around an engine (which arm runs when, what is stored, how a death, a cancel or a lost claim
-ends the run); what vLLM itself does is the engine tier's business (test_gate_e2e.py and
-the other `@pytest.mark.engine` tests start real engines).
+or die after a number of answers. Started `switchable`, it serves the arms after its first in
+turn (`switch` takes on the next arm's behaviour), as a shared vLLM engine does. The tests that
+use it are about what the pipeline does around an engine (which arm runs when, what is stored,
+how a death, a cancel or a lost claim ends the run); what vLLM itself does is the engine
+tier's business (test_gate_e2e.py and the other `@pytest.mark.engine` tests start real engines).
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ Answers = Literal["right", "wrong", "empty"]
 @dataclass
 class Behaviour:
     """How one arm's stand-in answers: `answers` to every question, after `delay_s` each; it
-    stops answering after `die_after` answers, and `exit_at_start` makes its start fail as a
-    process exit does."""
+    stops answering after `die_after` answers, `exit_at_start` makes its start fail as a
+    process exit does, and `switch_fails` makes a shared stand-in's switch to this arm fail."""
 
     answers: Answers = "right"
     delay_s: float = 0.0
     die_after: int | None = None
     exit_at_start: int | None = None
+    switch_fails: bool = False
 
 
 def _answer_of(prompt: str, answers: Answers) -> str:
@@ -47,8 +49,18 @@ def _answer_of(prompt: str, answers: Answers) -> str:
 class StandInEngine:
     """What the pipeline uses of `service.engine.Engine`, served by a thread of this process."""
 
-    def __init__(self, profile: Profile, run_dir: Path, stop_event: threading.Event, behaviour: Behaviour) -> None:
-        self.profile, self.run_dir, self.stop_event, self.behaviour = profile, run_dir, stop_event, behaviour
+    def __init__(
+        self,
+        profile: Profile,
+        run_dir: Path,
+        stop_event: threading.Event,
+        behaviours: dict[str, Behaviour],
+        switchable: bool,
+    ) -> None:
+        self.profile, self.run_dir, self.stop_event = profile, run_dir, stop_event
+        self.behaviours, self.switchable = behaviours, switchable
+        self.behaviour = behaviours.get(run_dir.name, Behaviour())
+        self.arms = [run_dir.name]
         self.log_path = run_dir / "engine.log"
         self.version: str | None = "stand-in"
         self.models: list[dict[str, Any]] = [{"id": profile.served_model_name}]
@@ -118,6 +130,17 @@ class StandInEngine:
     def death_symptom(self) -> str | None:
         return self.dead
 
+    def switch(self, profile: Profile, run_dir: Path) -> dict[str, Any]:
+        if not self.switchable or self.dead is not None:
+            raise RuntimeError(f"stand-in engine of arm {self.arms[0]} cannot switch (dead: {self.dead})")
+        behaviour = self.behaviours.get(run_dir.name, Behaviour())
+        if behaviour.switch_fails:
+            raise RuntimeError(f"stand-in engine: the switch to arm {run_dir.name} failed")
+        self.profile, self.behaviour = profile, behaviour
+        self.answered = 0
+        self.arms.append(run_dir.name)
+        return {"generation": len(self.arms) - 1, "workers": [], "prefix_cache": {"caching": False}}
+
     def log_tail(self, lines: int = 200) -> str:
         return "\n".join(self.log_path.read_text().splitlines()[-lines:]) if self.log_path.exists() else ""
 
@@ -128,12 +151,15 @@ class StandInEngine:
 @dataclass
 class StandInEngines:
     """An engine factory for `RunContext.open(..., engines=...)`: each arm (its folder's name)
-    gets a stand-in behaving as `behaviours` says (default: every answer right)."""
+    is served as `behaviours` says (default: every answer right), on its own stand-in or on the
+    one it shares."""
 
     behaviours: dict[str, Behaviour] = field(default_factory=dict)
     started: list[StandInEngine] = field(default_factory=list)
 
-    def __call__(self, profile: Profile, run_dir: Path, stop_event: threading.Event) -> StandInEngine:
-        engine = StandInEngine(profile, run_dir, stop_event, self.behaviours.get(run_dir.name, Behaviour()))
+    def __call__(
+        self, profile: Profile, run_dir: Path, stop_event: threading.Event, *, switchable: bool
+    ) -> StandInEngine:
+        engine = StandInEngine(profile, run_dir, stop_event, self.behaviours, switchable)
         self.started.append(engine)
         return engine

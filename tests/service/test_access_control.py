@@ -101,6 +101,29 @@ def test_logout_and_revocation_end_a_dashboard_session(service: LiveService) -> 
         assert browser.get("/api/v1/runs").status_code == 401
 
 
+@pytest.mark.parametrize("stored_role", ["superuser", ""])
+def test_a_token_whose_role_no_longer_exists_is_no_role(service: LiveService, stored_role: str) -> None:
+    """A role renamed or emptied in the database: 401 on the API (it was 500) and no dashboard
+    login, and a session started before the change ends with it."""
+    name = f"renamed-{stored_role or 'empty'}"
+    token = service.token(Role.CI, name)
+    with _login(service, token) as browser:
+        with session_scope(service.database_url) as session:
+            session.execute(
+                text("UPDATE api_tokens SET role = :role WHERE name = :name"), {"role": stored_role, "name": name}
+            )
+        assert browser.get("/api/v1/runs").status_code == 401
+        assert browser.get("/runs").status_code == 303
+    for call in (
+        httpx.get(f"{service.url}/api/v1/runs", headers=bearer(token)),
+        httpx.post(f"{service.url}/api/v1/runs", json={"profile": PROFILE}, headers=bearer(token)),
+    ):
+        assert call.status_code == 401, call.text
+        assert "role this service does not know" in call.json()["detail"]
+    login = httpx.post(f"{service.url}/login", data={"token": token, "next": "/runs"})
+    assert login.status_code == 401 and "kvcanary_session" not in login.cookies
+
+
 def test_a_raw_token_in_the_cookie_is_not_a_session(service: LiveService) -> None:
     viewer = service.token(Role.VIEWER)
     for name in ("kvcanary_session", "kvcanary_token"):

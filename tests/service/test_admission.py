@@ -21,7 +21,7 @@ from service.db.models import Run
 from service.db.session import session_scope
 from service.engine.gpus import visible_gpus
 from service.profile_catalog import configured_profiles
-from service.profile_snapshot import digest
+from service.profile_snapshot import HIDDEN, digest, for_readers
 from service.profiles import ArmSpec, Profile, RunOverrides, load_profiles
 from service.roles import Role
 from service.runs import pipeline, queue
@@ -92,7 +92,11 @@ def test_a_queued_run_executes_the_profile_it_was_triggered_with_after_its_yaml_
         answer = client.post("/api/v1/runs", json={"profile": CPU, "overrides": {"limit": 3}}, headers=bearer(token))
         assert answer.status_code == 201, answer.text
         detail = RunDetail.model_validate(answer.json())
-        assert detail.profile_snapshot is not None and detail.profile_digest == digest(detail.profile_snapshot)
+        with session_scope(settings.resolved_database_url(), write=False) as session:
+            stored = session.get(Run, detail.id)
+            assert stored is not None and stored.profile_snapshot is not None
+            assert detail.profile_digest == digest(stored.profile_snapshot)
+        assert detail.profile_snapshot == for_readers(stored.profile_snapshot)
         assert detail.profile_snapshot["suites"][0]["limit"] == 3
         _edit(path, {"kernels": {"variant": "legacy"}, "max_attempts": 1})
         again = client.get(f"/api/v1/runs/{detail.id}", headers=bearer(token)).json()
@@ -185,3 +189,24 @@ def test_every_shipped_profile_reads_back_from_its_snapshot() -> None:
     assert len(profiles) > 10
     for name, profile in profiles.items():
         assert Profile.model_validate(snapshot_of(profile)) == profile, name
+
+
+def test_engine_env_values_are_hidden_from_readers_and_credentials_there_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hub token in a profile's engine.env was shown to anyone reading a run; now only its name."""
+    settings = Settings(data_dir=tmp_path / "data", profiles_dir=tmp_path / "profiles", start_worker=False)
+    path = _copy_profile(settings.profiles_dir, CPU)
+    data = yaml.safe_load(path.read_text())
+    data["engine"]["env"]["HF_TOKEN"] = "hf_do-not-show-me"
+    path.write_text(yaml.safe_dump(data))
+    with caplog.at_level("WARNING"), TestClient(create_app(settings)) as client:
+        with session_scope(settings.resolved_database_url()) as session:
+            token = create_token(session, "ci", Role.CI)
+        made = client.post("/api/v1/runs", json={"profile": CPU}, headers=bearer(token))
+        assert made.status_code == 201, made.text
+        env = made.json()["profile_snapshot"]["engine"]["env"]
+        assert env["HF_TOKEN"] == HIDDEN and set(env) == set(data["engine"]["env"])
+        for reader in (client.get(f"/api/v1/runs/{made.json()['id']}"), client.get(f"/runs/{made.json()['id']}")):
+            assert reader.status_code == 200 and "hf_do-not-show-me" not in reader.text
+    assert any("HF_TOKEN in engine.env" in record.getMessage() for record in caplog.records)

@@ -22,14 +22,14 @@ from pydantic import ValidationError
 from sqlalchemy import MetaData, Table, create_engine
 
 from kernels.mutants import MUTANTS
-from service.arms import ArmError, describe_outcome, parse_compare, parse_expect, plan, run_arms
+from service.arms import describe_outcome, engine_change, parse_compare, parse_expect, plan, run_arms
 from service.auth import Role
 from service.cli.common import exit_code
 from service.db.migrate import upgrade
 from service.db.models import Run, SuiteResult
 from service.db.session import session_scope
 from service.engine.launcher import build_argv
-from service.profiles import MAX_ARMS, ArmSpec, Profile, ProfileError, RunOverrides, load_profile
+from service.profiles import MAX_ARMS, ArmError, ArmSpec, Profile, ProfileError, RunOverrides, load_profile
 from service.report import write_junit
 from service.schemas import RunCreate, RunDetail
 from service.settings import PACKAGED_PROFILES
@@ -51,7 +51,10 @@ def test_an_arm_is_named_by_its_variant_and_its_overrides_in_key_order() -> None
     arm = ArmSpec.model_validate({"variant": "fixed", "engine": {"max_num_batched_tokens": 64, "enforce_eager": False}})
     assert arm.name == "fixed,enforce_eager=false,max_num_batched_tokens=64"
     assert ArmSpec.model_validate(arm.name) == arm  # the name is also its spelling
-    assert ArmSpec.model_validate("fixed,max_num_batched_tokens=64,enforce_eager=0").name == arm.name
+    assert ArmSpec.model_validate("fixed,max_num_batched_tokens=64,enforce_eager=false").name == arm.name
+    for lenient in ("fixed,enforce_eager=0", "fixed,max_num_batched_tokens=6_4"):  # not JSON's true/false, 64
+        with pytest.raises(ValidationError):
+            ArmSpec.model_validate(lenient)
     assert ArmSpec.model_validate("stock").name == "stock" and ArmSpec(variant="legacy").stored() == {
         "name": "legacy",
         "variant": "legacy",
@@ -138,6 +141,17 @@ def test_what_the_engine_can_take_is_accepted() -> None:
     # what a run stores is what its worker executes, and a run without arms has the profile's one
     assert run_arms(planned.stored_arms(), cpu_profile()) == planned.arms
     assert run_arms([], cpu_profile(kernels={"variant": "legacy"})) == [ArmSpec(variant="legacy")]
+
+
+def test_an_arm_knows_which_engine_arguments_it_changed_against_the_control() -> None:
+    """The verdicts hold a kernel-only arm (an empty change) to more than an engine arm."""
+    profile = cpu_profile(engine={"max_num_batched_tokens": 2048, "enforce_eager": True})
+    fixed, stock = ArmSpec(variant="fixed"), ArmSpec(variant="stock")
+    assert engine_change(profile, ArmSpec(variant="batch_row_shift"), fixed) == {}
+    assert engine_change(profile, fixed, stock) == {}
+    assert engine_change(profile, ArmSpec.model_validate(CHUNKED), fixed) == {"max_num_batched_tokens": [2048, 64]}
+    graphs = engine_change(profile, ArmSpec.model_validate("fixed,enforce_eager=false"), stock)
+    assert graphs == {"enforce_eager": [True, False]}
 
 
 def test_an_override_the_profile_also_passes_as_an_extra_argument_is_refused() -> None:
@@ -281,6 +295,34 @@ def test_the_api_queues_arms_in_either_form_and_documents_each(service: LiveServ
     assert "max_num_batched_tokens 64" in page.text and "not judged yet" in page.text
 
 
+def test_a_trigger_may_ask_for_fresh_engines_and_the_run_shows_which_arms_shared_one(service: LiveService) -> None:
+    """`overrides.arm_engines: fresh` is stored with the run's profile; the engine facts a worker
+    writes (here by hand: the worker is off) become the run's engine groups, on the API and the page."""
+    fresh = post(
+        service, {"profile": "gsm8k-tiny-cpu", "compare": ["fixed", "legacy"], "overrides": {"arm_engines": "fresh"}}
+    )
+    assert fresh.status_code == 201, fresh.text
+    assert fresh.json()["profile_snapshot"]["arm_engines"] == "fresh" and fresh.json()["engine_groups"] == []
+    run = post(service, {"profile": "gsm8k-tiny-cpu", "compare": ["fixed", "legacy", CHUNKED]}).json()
+    assert run["profile_snapshot"]["arm_engines"] == "shared"
+    switch = {"generation": 1, "prefix_cache": {"caching": True, "hits_before_reset": 128.0, "hits_after_reset": 0.0}}
+    facts = {
+        "fixed": {"engine_use": {"engine": 1, "started_for": "fixed", "fresh": "the first arm"}},
+        "legacy": {"engine_use": {"engine": 1, "started_for": "fixed", "switch": switch}},
+        CHUNKED: {"engine_use": {"engine": 2, "started_for": CHUNKED, "fresh": "its engine arguments differ"}},
+    }
+    with session_scope(service.database_url) as session:
+        row = session.get(Run, run["id"])
+        assert row is not None
+        row.engine = facts
+    detail = httpx.get(f"{service.url}/api/v1/runs/{run['id']}").json()
+    assert detail["engine_groups"] == [["fixed", "legacy"], [CHUNKED]]
+    page = httpx.get(f"{service.url}/runs/{run['id']}").text
+    assert re.search(r"Engine 1</th><td><span class=\"mono\">fixed</span>, <span class=\"mono\">legacy</span>", page)
+    assert "one engine, switched between arms" in page and "started for this arm: its engine arguments differ" in page
+    assert "128 tokens hit before the reset, 0 after" in page
+
+
 def test_the_profiles_default_arms_run_unless_the_request_names_its_own(service: LiveService) -> None:
     default = post(service, {"profile": DEFAULTS}).json()
     assert default["variants"] == ["fixed", CHUNKED] and default["expect"] == {"fixed": "pass", CHUNKED: "pass"}
@@ -299,7 +341,7 @@ def test_the_profiles_default_arms_run_unless_the_request_names_its_own(service:
         ({"compare": ["fixed", "stock"], "expect": {"legacy": "fail"}}, "expect names legacy, not an arm"),
         ({"compare": ["fixed", "fixed"]}, "compare lists an arm twice"),
         (
-            {"compare": ["fixed", *MUTANTS, *(f"fixed,max_num_batched_tokens={64 + i}" for i in range(2))]},
+            {"compare": ["fixed", *(f"fixed,max_num_batched_tokens={64 + i}" for i in range(MAX_ARMS))]},
             f"List should have at most {MAX_ARMS} items",
         ),
         ({"expect": {"fixed": "caught"}}, "Input should be 'pass' or 'fail'"),
@@ -344,6 +386,13 @@ def test_submit_sends_the_cli_spelling_of_arms_and_expectations(service: LiveSer
     run_id = int(re.search(r"run (\d+) queued", done.stdout).group(1))  # type: ignore[union-attr]
     run = httpx.get(f"{service.url}/api/v1/runs/{run_id}").json()
     assert run["variants"] == ["fixed", CHUNKED] and run["expect"] == {CHUNKED: "pass", "fixed": "pass"}
+    assert run["overrides"] == {} and run["profile_snapshot"]["arm_engines"] == "shared"
+    fresh = subprocess.run([*argv, "--fresh-engines"], env=env, capture_output=True, text=True, timeout=120)
+    fresh_id = int(re.search(r"run (\d+) queued", fresh.stdout).group(1))  # type: ignore[union-attr]
+    fresh_run = httpx.get(f"{service.url}/api/v1/runs/{fresh_id}").json()
+    assert (
+        fresh_run["overrides"] == {"arm_engines": "fresh"} and fresh_run["profile_snapshot"]["arm_engines"] == "fresh"
+    )
     bad = subprocess.run([*argv[:8], "--compare", "fixed,kv_cache_dtype=fp8,fixed"], env=env, capture_output=True,
                          text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "kv_cache_dtype=fp8" in bad.stdout + bad.stderr

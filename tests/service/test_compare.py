@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from evals import suites as suite_registry
 from evals.logprob_drift import ArmOutput, compare, pack
-from evals.suites.base import Sample
+from evals.records import Sample
 from service.app import create_app
 from service.auth import Role, create_token
 from service.db.models import Run

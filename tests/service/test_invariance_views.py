@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 
 from evals.invariance import row, skipped
 from evals.logprob_drift import PromptDrift
-from evals.suites.base import Sample
+from evals.records import Sample
 from service.settings import Settings
 from tests.service.test_compare import add_run, client, settings  # noqa: F401 (fixtures)
 

@@ -127,6 +127,8 @@ def test_env_layers_host_then_profile_then_plugin_settings(make_profile: MakePro
         "KVCANARY_RECEIPT_DIR": "/runs/7/receipts",
         "KVCANARY_ALLOW_UNVERIFIED_VLLM": "1",
         "KVCANARY_CPU_PATH": "",
+        "KVCANARY_SWITCHABLE": "0",
+        "VLLM_SERVER_DEV_MODE": "0",
     }
     default = build_env(make_profile("m"), receipt_dir=Path("/r"), base_env={})
     assert default["KVCANARY_CANARIES"] == ""

@@ -106,3 +106,41 @@ def test_wer_columns_move_into_data_and_back(empty_database: str) -> None:
         assert (rows["p1"].data, rows["p1"].severity, rows["p1"].ref_words) == ({"floor": {}}, 0.5, None)
     finally:
         engine.dispose()
+
+
+def test_stored_runs_get_a_role_a_gate_grade_and_batch_records(empty_database: str) -> None:
+    """0011: each run's role from its token (scheduler for a schedule fire, host without a token);
+    a limit override or a batch label makes it exploratory; a batch label queued by an admin or on
+    the host becomes a batch record, one queued by a ci token does not."""
+    upgrade(empty_database, "0010_wer_into_data")
+    engine = create_engine(empty_database)
+    try:
+        with engine.begin() as connection:
+            runs, tokens = (Table(name, MetaData(), autoload_with=connection) for name in ("runs", "api_tokens"))
+            ids: dict[str, int] = {}
+            for role in ("ci", "admin"):
+                row = _filled(tokens, name=f"{role}-bot", role=role, token_hash=role * 10)
+                ids[role] = connection.execute(sa.insert(tokens).values(row).returning(tokens.c.id)).scalar_one()
+            arms: list[dict[str, Any]] = [{"name": n, "variant": n, "engine": {}} for n in ("fixed", "tail_read")]
+            for given in (
+                {"trigger": "ci", "triggered_by_token_id": ids["ci"], "labels": {"vllm_version": "1"}},
+                {"trigger": "ci", "triggered_by_token_id": ids["ci"], "overrides": {"limit": 1}},
+                {"trigger": "ci", "triggered_by_token_id": ids["ci"], "labels": {"mutation_batch": "fake"}},
+                {"trigger": "manual", "triggered_by_token_id": ids["admin"], "labels": {"mutation_batch": "b1"}},
+                {"trigger": "schedule", "triggered_by": "scheduler"},
+                {"trigger": "manual", "triggered_by": "alice", "labels": {"mutation_batch": "b2"}, "arms": arms},
+            ):
+                connection.execute(sa.insert(runs).values(_filled(runs, profile="p", status="passed", **given)))
+        upgrade(empty_database)
+        with engine.connect() as connection:
+            runs, batches = (Table(name, MetaData(), autoload_with=connection) for name in ("runs", "mutation_batches"))
+            stored = connection.execute(sa.select(runs.c.triggered_role, runs.c.exploratory).order_by(runs.c.id)).all()
+            records = connection.execute(
+                sa.select(batches.c.batch, batches.c.started_role, batches.c.mutants).order_by(batches.c.id)
+            ).all()
+        assert [role for role, _ in stored] == ["ci", "ci", "ci", "admin", "scheduler", "host"]
+        assert [bool(why) for _, why in stored] == [False, True, True, True, False, True]
+        assert "limit" in stored[1][1]
+        assert [(b, r, list(m)) for b, r, m in records] == [("b1", "admin", []), ("b2", "host", ["tail_read"])]
+    finally:
+        engine.dispose()

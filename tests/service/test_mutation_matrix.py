@@ -12,19 +12,22 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import delete
 
 from evals.logprob_drift import ArmOutput, compare, pack
-from evals.suites.base import MetricValue, Sample, SuiteOutcome
+from evals.records import MetricValue, Sample
+from evals.suites.base import SuiteOutcome
 from service import baselines
 from service.app import create_app
 from service.db.migrate import upgrade
 from service.db.models import Run
+from service.db.models import Sample as SampleRow
 from service.db.session import session_scope
 from service.engine.gpus import refusal
 from service.profile_catalog import configured_profiles
 from service.releases.markdown import release_markdown
 from service.releases.schemas import ReleaseSummary
-from service.runs import mutation, scoring, store
+from service.runs import batches, mutation, scoring, store
 from service.settings import PACKAGED_PROFILES, Settings
 
 PROFILE = "mutant-fixture"
@@ -123,6 +126,8 @@ def finish(
         run.verdict, run.verdict_summary = verdict, summary
         run.error = "; ".join(f"the engine of arm {arm!r} died while gsm8k ran: illegal memory access" for arm in dead)
         run.timings = {f"{mutant}.{suite}_s": s for mutant in seen for suite, s in (("gsm8k", 31.5), ("drift", 12.0))}
+    with session_scope(url) as session:  # as the pipeline does after a run's last write
+        batches.settle_run(session, run_id)
 
 
 def queue_batch(settings: Settings, mutants: Sequence[str]) -> tuple[str, int]:
@@ -130,8 +135,9 @@ def queue_batch(settings: Settings, mutants: Sequence[str]) -> tuple[str, int]:
     batch = mutation.new_batch_id()
     with session_scope(settings.resolved_database_url()) as session:
         baselines.seed_from_profiles(session, profiles)
-        run_id = mutation.enqueue_batch(session, profiles[PROFILE], mutants, batch, {"git_sha": "abc"}, "test")
-    return batch, run_id
+        record = batches.start_batch(session, profiles[PROFILE], mutants, batch, {"git_sha": "abc"}, "test", "admin")
+    assert record.run_id is not None
+    return batch, record.run_id
 
 
 def matrix_of(client: TestClient) -> mutation.MutationMatrix:
@@ -183,6 +189,12 @@ def test_matrix_of_the_latest_batch(client: TestClient, settings: Settings) -> N
     assert f"| batch_row_shift | caught (at 6 of 40 items, 32 s) [run {run_id}] | caught (at 8 of 12 prompts" in table
     assert "| softmax_scale_drift | missed (pass, 40 items" in table
     assert client.get("/api/v1/profiles/no-such-profile/mutants").status_code == 404
+
+    # Computed once, when the run ended: a read does not search the samples again (they may be gone).
+    assert matrix.settled_at is not None
+    with session_scope(settings.resolved_database_url()) as session:
+        session.execute(delete(SampleRow).where(SampleRow.run_id == run_id))
+    assert matrix_of(client) == matrix
 
 
 def test_profile_page_shows_the_matrix(client: TestClient, settings: Settings) -> None:

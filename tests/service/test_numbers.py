@@ -1,15 +1,15 @@
-"""One number rule for every report (`service.numbers`), and the dashboard's run page using it."""
+"""One number rule for every report (`evals.numbers`), and the dashboard's run page using it."""
 
 from __future__ import annotations
 
 import pytest
 from fastapi.testclient import TestClient
 
+from evals.numbers import format_number, format_signed
 from evals.suites import shown
 from service.dashboard.views import trends
 from service.db.models import Run, SuiteResult
 from service.db.session import session_scope
-from service.numbers import format_number, format_signed
 from service.settings import Settings
 from tests.service.test_compare import client, settings  # noqa: F401 (fixtures)
 

@@ -198,7 +198,8 @@ def test_arms_run_in_turn_and_the_treatment_is_paired_with_the_control(
     settings, run_id = claimed(sqlite_url, tmp_path, profile, ["fixed", "legacy"], {"legacy": "fail"})
     engines = StandInEngines({"legacy": Behaviour(answers="wrong")})
     assert pipeline.execute(context_of(settings, run_id, profile, engines)) == "failed"
-    assert [engine.run_dir.name for engine in engines.started] == ["fixed", "legacy"]
+    [engine] = engines.started  # one engine, switched to legacy after fixed
+    assert engine.arms == ["fixed", "legacy"] and engine._server is None
     run = row(sqlite_url, run_id)
     assert run.arm_verdicts == {"fixed": "pass", "legacy": "fail"} and run.outcome == "as_expected"
     assert run.progress_phase == "legacy/gsm8k" and set(run.engine) == {"fixed", "legacy"}
@@ -235,6 +236,47 @@ def test_one_arms_engine_dying_leaves_the_other_judged_and_the_run_in_error(
     assert run.verdict == "pass" and run.error.startswith("EngineDied: ") and "arm 'fixed'" in run.error
     assert [kind for kind, _ in events(sqlite_url, run_id)].count("arm_error") == 1
     assert {arm for arm, _ in results(sqlite_url, run_id)} == {"legacy"}  # judged against the baseline alone
+    assert [engine.arms for engine in engines.started] == [["fixed"], ["legacy"]]  # a fresh one after the death
+    said = [message for _, message in events(sqlite_url, run_id)]
+    assert "arm legacy: engine 2 starts (the engine of arm fixed is gone)" in said
+
+
+# shared engines
+
+
+def test_arms_share_an_engine_unless_their_arguments_differ_or_the_run_asks_for_fresh_ones(
+    sqlite_url: str, tmp_path: Path, make_profile: MakeProfile
+) -> None:
+    """fixed, legacy and stock switch on one engine; the arm with its own prefill budget starts
+    another; the run document says which engine each arm ran on. With arm_engines: fresh every arm
+    starts its own."""
+    profile = gsm8k_profile(make_profile)
+    arms = ["fixed", "legacy", "stock", "fixed,max_num_batched_tokens=64"]
+    settings, run_id = claimed(sqlite_url, tmp_path, profile, arms)
+    engines = StandInEngines({"legacy": Behaviour(answers="wrong")})
+    assert pipeline.execute(context_of(settings, run_id, profile, engines)) == "failed"
+    assert [engine.arms for engine in engines.started] == [arms[:3], arms[3:]]
+    assert [engine.switchable for engine in engines.started] == [True, False]  # nothing after the last arm
+    use = {arm: facts["engine_use"] for arm, facts in row(sqlite_url, run_id).engine.items()}
+    assert [use[arm]["engine"] for arm in arms] == [1, 1, 1, 2]
+    assert use["legacy"]["started_for"] == use["stock"]["started_for"] == "fixed" and "switch" in use["stock"]
+    assert "max_num_batched_tokens" not in use["fixed"]["fresh"]
+    assert "--max-num-batched-tokens 64" in use[arms[3]]["fresh"] and "differ from arm stock" in use[arms[3]]["fresh"]
+    assert row(sqlite_url, run_id).arm_verdicts == {"fixed": "pass", "legacy": "fail", "stock": "pass", arms[3]: "pass"}
+
+    failing = StandInEngines({"legacy": Behaviour(switch_fails=True)})  # the arm after it shares again
+    settings, run_id = claimed(sqlite_url, tmp_path / "failing", profile, ["fixed", "legacy", "stock"])
+    assert pipeline.execute(context_of(settings, run_id, profile, failing)) == "passed"
+    assert [engine.arms for engine in failing.started] == [["fixed"], ["legacy", "stock"]]
+    reason = row(sqlite_url, run_id).engine["legacy"]["engine_use"]["fresh"]
+    assert reason == "switching arm fixed's engine failed: stand-in engine: the switch to arm legacy failed"
+
+    fresh = gsm8k_profile(make_profile, arm_engines="fresh")
+    settings, run_id = claimed(sqlite_url, tmp_path / "fresh", fresh, arms[:2])
+    engines = StandInEngines()
+    assert pipeline.execute(context_of(settings, run_id, fresh, engines)) == "passed"
+    assert [engine.arms for engine in engines.started] == [["fixed"], ["legacy"]]
+    assert "arm_engines: fresh" in row(sqlite_url, run_id).engine["legacy"]["engine_use"]["fresh"]
 
 
 # while it runs

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from evals.suites.base import Sample
+from evals.records import Sample
 from service.db.migrate import upgrade
 from service.db.models import Run, RunEvent, utcnow
 from service.db.session import session_scope

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from evals.numbers import format_number
 from service.db.models import SuiteResult
-from service.numbers import format_number
 from service.report import cli_console, metric_value, print_run, write_junit
 from service.schemas import MetricOut, RunDetail
 

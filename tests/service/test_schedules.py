@@ -21,6 +21,7 @@ from zoneinfo import ZoneInfo
 import httpx
 import pytest
 import yaml
+from pydantic import ValidationError
 from sqlalchemy import select
 from typer.testing import CliRunner
 
@@ -167,6 +168,36 @@ def test_catch_up_after_downtime_queues_one_run_and_later_fires_wait_for_it(data
     for fire in later:
         assert fire.run_id is None
         assert f"nightly run {catch_up.run_id} of {PROFILE} is still queued" in fire.skipped_reason
+
+
+def test_an_every_second_schedule_blocked_by_its_run_writes_one_row_for_its_skips(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Skipped fires are coalesced: one row per run of skips for one reason, not one a second."""
+    profiles_dir = write_profile(tmp_path / "profiles", "* * * * * *")
+    clock = ManualClock(START)
+    service = scheduler(database_url, profiles_dir, clock)
+    for _ in range(60):  # a minute of one-second fires; the first queues a run nobody starts
+        clock.advance(1)
+        service.tick()
+    [queued, skipped] = fires(database_url)
+    assert queued.run_id is not None and skipped.run_id is None
+    assert skipped.skipped_fires == 59 and skipped.first_fire_time == queued.fire_time + timedelta(seconds=1)
+    assert f"nightly run {queued.run_id} of {PROFILE} is still queued" in skipped.skipped_reason
+    cancel_queued(database_url)
+    clock.advance(1)
+    service.tick()
+    assert len(fires(database_url)) == 3 and fires(database_url)[-1].run_id is not None
+
+
+@pytest.mark.parametrize(
+    "expression", ["0 2 * * * * 2027", "*/99999999999 * * * *", "*/61 * * * *", "@daily", "0 2 L * *"]
+)
+def test_cron_strings_outside_the_documented_forms_are_refused(expression: str) -> None:
+    with pytest.raises(cron.CronError, match="invalid cron expression"):
+        cron.validate(expression, "UTC")
+    with pytest.raises(ValidationError):
+        ScheduleUpdate(name=PROFILE, cron=expression)
 
 
 def test_serve_runs_the_scheduler_on_the_wall_clock(

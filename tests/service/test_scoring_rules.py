@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from evals.suites.base import MetricValue, Sample, SuiteOutcome
+from evals.records import MetricValue, Sample
+from evals.suites.base import SuiteOutcome
 from service import baselines
 from service.arms import describe_outcome
 from service.db.models import Run, SuiteResult
