@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 from pydantic import Field
 
-from evals import retry
+from evals import pool, retry
 from evals.fixtures import retrieval_data
 from evals.fixtures.retrieval_data import last_position
 from evals.kinds.accuracy import KIND as ACCURACY
@@ -166,23 +166,15 @@ async def _run(context: SuiteContext) -> tuple[list[Sample], int]:
         context.progress(reused, len(todo))
         order = [item for item in todo if item.key not in done]
         random.Random(config.seed).shuffle(order)  # batches mix lengths and positions
-        pending = iter(order)
 
-        async def worker() -> None:
-            for item in pending:
-                recall = prompts[item.key]
-                sample = score(item, recall, await server.answer(recall))
-                context.emit_samples([sample])
-                done[item.key] = sample
-                context.progress(len(done), len(todo))
+        async def answer(item: Item) -> None:
+            recall = prompts[item.key]
+            sample = score(item, recall, await server.answer(recall))
+            context.emit_samples([sample])
+            done[item.key] = sample
+            context.progress(len(done), len(todo))
 
-        workers = [asyncio.create_task(worker()) for _ in range(min(config.concurrency, len(order)))]
-        try:
-            await asyncio.gather(*workers)
-        finally:
-            for task in workers:
-                task.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+        await pool.each(order, config.concurrency, answer)
     return [done[item.key] for item in todo], reused
 
 
