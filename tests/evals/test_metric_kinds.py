@@ -17,6 +17,7 @@ def test_every_registered_suite_declares_a_kind_per_metric() -> None:
         "wer": {"wer": "wer"},
         "drift": {"kl": "drift"},
         "invariance": {"kl": "invariance"},
+        "recall": {"recall": "accuracy"},
         "lm-eval": {},  # its profile's config names the metrics; every one is of its open kind
     }
     assert suites.metric_kind("lm-eval", "gsm8k:exact_match,strict-match") is ACCURACY

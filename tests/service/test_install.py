@@ -32,6 +32,7 @@ ENGINE_SIDE = {
     "evals.fixtures.degraded",
     "evals.fixtures.gsm8k_mla_model",
     "evals.fixtures.gsm8k_model",
+    "evals.fixtures.retrieval_model",
     "evals.fixtures.whisper_en_model",
     "service.__main__",  # runs the CLI on import
 }
